@@ -1,0 +1,349 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DependencyPolicyKind is the kind of the DependencyPolicy object.
+const DependencyPolicyKind = "DependencyPolicy"
+
+// DependencyPolicySpec declares how much load a fleet of workers may put on one
+// dependency, how the fleet recovers after the dependency fails, and which
+// autoscaled workloads call it.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.ramp) || !has(self.ramp.steps) || self.ramp.steps.all(s, s <= self.capacity.concurrency)",message="every ramp step must be at most capacity.concurrency",fieldPath=".ramp.steps"
+type DependencyPolicySpec struct {
+	// capacity is what the dependency can serve, for the whole fleet together.
+	// It is the limit in force once the breaker is closed and the ramp is done.
+	// +required
+	Capacity Capacity `json:"capacity"`
+
+	// ramp is the slow start the fleet follows after the breaker closes: the
+	// limit starts at the first step and climbs one step per clean stepDuration.
+	// When omitted, the steps are derived from capacity.concurrency as
+	// c/8, c/4, c/2 and c (values below 1 and repeats dropped), one per minute.
+	// +kubebuilder:default={}
+	// +optional
+	Ramp Ramp `json:"ramp,omitempty"`
+
+	// breaker configures the fleet-wide circuit breaker that the controller runs
+	// on the outcomes workers report.
+	// +kubebuilder:default={}
+	// +optional
+	Breaker Breaker `json:"breaker,omitempty"`
+
+	// retryBudget bounds retries to a share of recent calls, across the fleet.
+	// Over budget, a failing job is parked for a long jittered delay instead of
+	// retried.
+	// +kubebuilder:default={}
+	// +optional
+	RetryBudget RetryBudget `json:"retryBudget,omitempty"`
+
+	// backoff is the retry timing workers use. Workers read it from Redis at
+	// each failure, so a change applies to the fleet without a redeploy.
+	// +kubebuilder:default={}
+	// +optional
+	Backoff Backoff `json:"backoff,omitempty"`
+
+	// consumers are the KEDA ScaledObjects, in this policy's namespace, whose
+	// workloads call the dependency. The controller bounds their
+	// maxReplicaCount to the dependency's capacity and pins their
+	// minReplicaCount during outages.
+	// +listType=map
+	// +listMapKey=scaledObjectName
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	Consumers []Consumer `json:"consumers,omitempty"`
+
+	// pinMinReplicasDuringOutage keeps each consumer's minReplicaCount at the
+	// replicas its workload had when the outage began, while the breaker is Open
+	// or HalfOpen, so the autoscaler neither scales in during the outage nor
+	// meets the recovery with too few pods. Defaults to true.
+	// +kubebuilder:default=true
+	// +optional
+	PinMinReplicasDuringOutage *bool `json:"pinMinReplicasDuringOutage,omitempty"`
+}
+
+// Capacity is what the dependency can serve.
+type Capacity struct {
+	// concurrency is the number of in-flight calls the whole fleet may make to
+	// the dependency at once.
+	// +kubebuilder:validation:Minimum=1
+	// +required
+	Concurrency int32 `json:"concurrency"`
+
+	// ratePerSecond is the number of calls per second the whole fleet may start.
+	// When omitted, only concurrency limits the fleet.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	RatePerSecond *int32 `json:"ratePerSecond,omitempty"`
+}
+
+// Ramp is the slow-start schedule after recovery.
+type Ramp struct {
+	// steps are the concurrency limits the fleet climbs through after the
+	// breaker closes, strictly increasing, each between 1 and
+	// capacity.concurrency. If the last step is below capacity.concurrency, the
+	// full capacity follows it as a final step. When omitted, the steps are
+	// derived from capacity.concurrency as c/8, c/4, c/2 and c.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:Minimum=1
+	// +kubebuilder:validation:XValidation:rule="self.isSorted() && self.all(s, self.indexOf(s) == self.lastIndexOf(s))",message="ramp steps must be strictly increasing"
+	// +listType=atomic
+	// +optional
+	Steps []int32 `json:"steps,omitempty"`
+
+	// stepDuration is how long the breaker must stay closed at one step before
+	// the limit moves up to the next. Defaults to 1m.
+	// +kubebuilder:default="1m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="must be at least 1s"
+	// +optional
+	StepDuration metav1.Duration `json:"stepDuration,omitzero"`
+}
+
+// Breaker configures the fleet-wide circuit breaker.
+type Breaker struct {
+	// failureRatio is the share of failed calls (failures and timeouts over all
+	// calls in the window) at or above which the breaker opens, in (0, 1].
+	// Defaults to 0.5.
+	// +kubebuilder:default=0.5
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:ExclusiveMinimum=true
+	// +kubebuilder:validation:Maximum=1
+	// +optional
+	FailureRatio float64 `json:"failureRatio,omitempty"`
+
+	// minCalls is the number of calls the window must hold before the failure
+	// ratio can open the breaker, so a handful of failures at low traffic does
+	// not. Defaults to 20.
+	// +kubebuilder:default=20
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MinCalls int32 `json:"minCalls,omitempty"`
+
+	// window is how far back the controller counts calls and failures, between
+	// 1s and 1h, rounded up to whole seconds. Defaults to 30s.
+	// +kubebuilder:default="30s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="must be between 1s and 1h"
+	// +optional
+	Window metav1.Duration `json:"window,omitzero"`
+
+	// openDuration is how long the breaker stays open, with no calls admitted,
+	// before it lets probe calls through. Defaults to 60s.
+	// +kubebuilder:default="60s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="must be at least 1s"
+	// +optional
+	OpenDuration metav1.Duration `json:"openDuration,omitzero"`
+
+	// halfOpenProbes is the number of probe calls admitted while half open; the
+	// breaker closes once that many have succeeded with no failure among them,
+	// and reopens on the first failure. A value above capacity.concurrency
+	// admits capacity.concurrency probes. Defaults to 3.
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	HalfOpenProbes int32 `json:"halfOpenProbes,omitempty"`
+}
+
+// RetryBudget bounds retries, across the fleet, to a share of recent calls: a
+// retry is allowed only while retries < max(minRetries, ratio × calls) over the
+// window.
+type RetryBudget struct {
+	// ratio is the share of recent calls that may be retries, in (0, 1].
+	// Defaults to 0.2.
+	// +kubebuilder:default=0.2
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:ExclusiveMinimum=true
+	// +kubebuilder:validation:Maximum=1
+	// +optional
+	Ratio float64 `json:"ratio,omitempty"`
+
+	// minRetries is the number of retries allowed in any window whatever the
+	// traffic, so a quiet dependency can still be retried. Defaults to 10.
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MinRetries *int32 `json:"minRetries,omitempty"`
+
+	// window is how far back calls and retries are counted, between 1s and 1h,
+	// rounded up to whole seconds. Defaults to 60s.
+	// +kubebuilder:default="60s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="must be between 1s and 1h"
+	// +optional
+	Window metav1.Duration `json:"window,omitzero"`
+}
+
+// JitterMode is how a retry delay is randomised below its exponential ceiling.
+// +kubebuilder:validation:Enum=Full;Equal;None
+type JitterMode string
+
+const (
+	// JitterFull draws the delay uniformly from zero to the ceiling, spreading a
+	// cohort of retries over the whole interval.
+	JitterFull JitterMode = "Full"
+	// JitterEqual waits half the ceiling plus a uniform draw over the other half.
+	JitterEqual JitterMode = "Equal"
+	// JitterNone waits exactly the ceiling; retries that failed together stay
+	// together.
+	JitterNone JitterMode = "None"
+)
+
+// Backoff is capped exponential backoff: the ceiling for attempt n is
+// min(max, base × 2^(n-1)).
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.base) || !has(self.max) || duration(self.base) <= duration(self.max)",message="backoff.base must be at most backoff.max"
+type Backoff struct {
+	// base is the ceiling after the first failed attempt. Defaults to 1s.
+	// +kubebuilder:default="1s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1ms')",message="must be at least 1ms"
+	// +optional
+	Base metav1.Duration `json:"base,omitzero"`
+
+	// max caps the ceiling, at most 24h; it is also the base of the parking
+	// delay used over the retry budget. Defaults to 5m.
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1ms') && duration(self) <= duration('24h')",message="must be between 1ms and 24h"
+	// +optional
+	Max metav1.Duration `json:"max,omitzero"`
+
+	// jitter is Full, Equal or None. Defaults to Full.
+	// +kubebuilder:default=Full
+	// +optional
+	Jitter JitterMode `json:"jitter,omitempty"`
+}
+
+// Consumer is a KEDA ScaledObject whose workload calls the dependency.
+type Consumer struct {
+	// scaledObjectName is the name of the ScaledObject, in the policy's
+	// namespace. Unique within the list.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +required
+	ScaledObjectName string `json:"scaledObjectName"`
+
+	// slotsPerReplica is the number of concurrent calls one replica of the
+	// workload makes to the dependency. Defaults to 1.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	SlotsPerReplica int32 `json:"slotsPerReplica,omitempty"`
+
+	// weight is this consumer's share of the capacity relative to the other
+	// consumers. Defaults to 1.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	Weight int32 `json:"weight,omitempty"`
+}
+
+// BreakerState is the fleet's state for one dependency, as the controller
+// decides it and workers enforce it.
+// +kubebuilder:validation:Enum=Closed;Open;HalfOpen;Ramping
+type BreakerState string
+
+const (
+	// StateClosed admits calls up to the full capacity.
+	StateClosed BreakerState = "Closed"
+	// StateOpen admits no calls: workers fail fast.
+	StateOpen BreakerState = "Open"
+	// StateHalfOpen admits only breaker.halfOpenProbes probe calls.
+	StateHalfOpen BreakerState = "HalfOpen"
+	// StateRamping admits calls up to the current ramp step.
+	StateRamping BreakerState = "Ramping"
+)
+
+// ObservedWindow is what the workers reported over the breaker window.
+type ObservedWindow struct {
+	// calls is the number of calls that completed in the window.
+	// +optional
+	Calls int64 `json:"calls"`
+
+	// failures is the number of those calls that failed or timed out.
+	// +optional
+	Failures int64 `json:"failures"`
+
+	// retries is the number of those calls that were retries.
+	// +optional
+	Retries int64 `json:"retries"`
+}
+
+// DependencyPolicyStatus is the state the controller last decided.
+type DependencyPolicyStatus struct {
+	// observedGeneration is the generation of the spec the controller last
+	// acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// state is Closed, Open, HalfOpen or Ramping.
+	// +optional
+	State BreakerState `json:"state,omitempty"`
+
+	// currentLimit is the fleet-wide concurrency limit in force: 0 while Open,
+	// breaker.halfOpenProbes while HalfOpen, the current step while Ramping and
+	// capacity.concurrency while Closed.
+	// +optional
+	CurrentLimit int32 `json:"currentLimit"`
+
+	// rampStep is the index of the current ramp step, from 0.
+	// +optional
+	RampStep int32 `json:"rampStep"`
+
+	// lastTransitionTime is when state last changed.
+	// +optional
+	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
+
+	// window is what workers reported over the last breaker window.
+	// +optional
+	Window ObservedWindow `json:"window,omitempty"`
+
+	// conditions are Ready, BreakerOpen, Ramping and ConsumersBounded.
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// DependencyPolicy declares the capacity of one dependency and how a fleet of
+// workers recovers after it fails, so that the recovery does not cause a
+// second outage.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=dpol,categories=spillway
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Limit",type=integer,JSONPath=`.status.currentLimit`
+// +kubebuilder:printcolumn:name="Capacity",type=integer,JSONPath=`.spec.capacity.concurrency`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type DependencyPolicy struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// metadata is the standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec declares the dependency's capacity and the recovery policy.
+	// +required
+	Spec DependencyPolicySpec `json:"spec"`
+
+	// status is what the controller last decided and observed.
+	// +optional
+	Status DependencyPolicyStatus `json:"status,omitempty"`
+}
+
+// DependencyPolicyList is a list of DependencyPolicy objects.
+//
+// +kubebuilder:object:root=true
+type DependencyPolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []DependencyPolicy `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&DependencyPolicy{}, &DependencyPolicyList{})
+}
