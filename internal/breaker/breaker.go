@@ -1,0 +1,239 @@
+// Package breaker is the fleet-wide circuit-breaker state machine of
+// Spillway.
+//
+// It is pure: it performs no I/O, starts no goroutines and reads time only
+// from an injected Clock, so the controller (wall clock), the worker library,
+// the service middleware and the discrete-event simulator (virtual clock) all
+// drive exactly the same arithmetic.
+//
+// The Breaker does not count calls itself. The caller counts calls and
+// failures from WindowStart onwards (and, while HalfOpen, the probe calls made
+// since the breaker entered HalfOpen, i.e. since Snapshot().Since), and hands
+// the counts to Evaluate, which performs at most one state transition.
+//
+//	Closed   --(calls >= MinCalls and failures >= FailureRatio*calls)--> Open
+//	Open     --(OpenDuration elapsed since entering Open)-------------> HalfOpen
+//	HalfOpen --(any probe failure)------------------------------------> Open
+//	HalfOpen --(HalfOpenProbes successful probes, no failure)---------> Closed
+package breaker
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// State is the state of a circuit breaker. The string values are the ones
+// persisted by the controller (Redis and the resource status).
+type State string
+
+const (
+	// Closed lets all calls through while the failure ratio is counted.
+	Closed State = "Closed"
+	// Open rejects calls until OpenDuration has elapsed.
+	Open State = "Open"
+	// HalfOpen lets a limited number of probe calls through to test recovery.
+	HalfOpen State = "HalfOpen"
+)
+
+// Valid reports whether s is one of Closed, Open or HalfOpen.
+func (s State) Valid() bool {
+	return s == Closed || s == Open || s == HalfOpen
+}
+
+// Clock supplies the current time. The controller uses the wall clock and the
+// simulator a virtual clock; tests use a fake.
+type Clock interface {
+	Now() time.Time
+}
+
+// Config is the breaker policy.
+type Config struct {
+	// FailureRatio is the share of failed calls in the window at which a
+	// Closed breaker opens; 0 < FailureRatio <= 1.
+	FailureRatio float64
+	// MinCalls is the number of calls the window must hold before the
+	// breaker may open; >= 1.
+	MinCalls int64
+	// Window is the length of the counting window the caller reads
+	// (see WindowStart); > 0.
+	Window time.Duration
+	// OpenDuration is how long the breaker stays Open before it lets
+	// probes through; > 0.
+	OpenDuration time.Duration
+	// HalfOpenProbes is the number of successful probes, with no failure,
+	// that close a HalfOpen breaker; >= 1.
+	HalfOpenProbes int64
+}
+
+// Validate returns an error naming the first invalid field, or nil.
+func (c Config) Validate() error {
+	switch {
+	case !(c.FailureRatio > 0 && c.FailureRatio <= 1):
+		return fmt.Errorf("failureRatio must be in (0, 1], got %v", c.FailureRatio)
+	case c.MinCalls < 1:
+		return fmt.Errorf("minCalls must be >= 1, got %d", c.MinCalls)
+	case c.Window <= 0:
+		return fmt.Errorf("window must be > 0, got %v", c.Window)
+	case c.OpenDuration <= 0:
+		return fmt.Errorf("openDuration must be > 0, got %v", c.OpenDuration)
+	case c.HalfOpenProbes < 1:
+		return fmt.Errorf("halfOpenProbes must be >= 1, got %d", c.HalfOpenProbes)
+	}
+	return nil
+}
+
+// Counts are the calls the caller observed. Failures includes timeouts and is
+// part of Calls, so successes are Calls - Failures.
+type Counts struct {
+	// Calls is the number of calls made, successful or not.
+	Calls int64
+	// Failures is the number of those calls that failed or timed out.
+	Failures int64
+}
+
+// Snapshot is the persistent form of a Breaker: the controller stores it (in
+// Redis and in the resource status) so the state survives restarts, and
+// Restore continues from it.
+type Snapshot struct {
+	// State is the current state.
+	State State
+	// Since is the time of the last transition (or of creation).
+	Since time.Time
+}
+
+// Transition records one state change made by Evaluate.
+type Transition struct {
+	// From is the state before the transition.
+	From State
+	// To is the state after the transition.
+	To State
+	// At is when it happened: the clock's time during Evaluate, which is
+	// also the new Since.
+	At time.Time
+}
+
+// Breaker is the circuit-breaker state machine. It is safe for concurrent
+// use; all times come from its Clock.
+type Breaker struct {
+	mu    sync.Mutex
+	cfg   Config
+	clk   Clock
+	state State
+	since time.Time
+}
+
+// New returns a Closed breaker whose Since is clk.Now().
+//
+// New does not validate cfg; callers validate policy with Config.Validate
+// first. Evaluate nevertheless never opens on fewer than one call and never
+// closes on fewer than one successful probe.
+func New(cfg Config, clk Clock) *Breaker {
+	return &Breaker{cfg: cfg, clk: clk, state: Closed, since: clk.Now()}
+}
+
+// Restore returns a breaker that continues from a persisted Snapshot.
+//
+// A snapshot with an unrecognised State (including the zero Snapshot) restores
+// as New would: Closed since clk.Now(). A Since later than clk.Now() (clock
+// skew between controller replicas) is clamped to clk.Now(), so the counting
+// window never starts in the future.
+func Restore(cfg Config, clk Clock, s Snapshot) *Breaker {
+	now := clk.Now()
+	if !s.State.Valid() {
+		return &Breaker{cfg: cfg, clk: clk, state: Closed, since: now}
+	}
+	since := s.Since
+	if since.After(now) {
+		since = now
+	}
+	return &Breaker{cfg: cfg, clk: clk, state: s.State, since: since}
+}
+
+// Snapshot returns the state to persist.
+func (b *Breaker) Snapshot() Snapshot {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return Snapshot{State: b.state, Since: b.since}
+}
+
+// State returns the current state.
+func (b *Breaker) State() State {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state
+}
+
+// WindowStart returns max(now - Window, Since): the caller counts calls and
+// failures only from this instant. Because Since is the time of the last
+// transition, failures from before the breaker last closed never re-open it.
+func (b *Breaker) WindowStart() time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	start := b.clk.Now().Add(-b.cfg.Window)
+	if b.since.After(start) {
+		return b.since
+	}
+	return start
+}
+
+// SetConfig replaces the policy (the policy was edited). The state and Since
+// are kept; the new policy applies from the next Evaluate, so shortening
+// OpenDuration can half-open an Open breaker on the next call.
+func (b *Breaker) SetConfig(cfg Config) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cfg = cfg
+}
+
+// Evaluate applies at most one transition, at clk.Now(), and reports it.
+//
+//   - Closed: window holds the calls counted since WindowStart; probes is
+//     ignored. The breaker opens when window.Calls >= MinCalls and
+//     float64(window.Failures) >= FailureRatio*float64(window.Calls). The
+//     comparison is exact float64 arithmetic with no epsilon: with ratio 0.5,
+//     5 failures in 10 calls open the breaker.
+//   - Open: both counts are ignored. The breaker half-opens once
+//     now - Since >= OpenDuration.
+//   - HalfOpen: probes holds the probe calls made since the breaker entered
+//     HalfOpen; window is ignored. Any probe failure re-opens the breaker;
+//     otherwise it closes once probes.Calls - probes.Failures >= HalfOpenProbes.
+//
+// Every transition sets Since to now. When nothing changes Evaluate returns
+// the zero Transition and false.
+func (b *Breaker) Evaluate(window Counts, probes Counts) (Transition, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.clk.Now()
+	to, ok := b.next(now, window, probes)
+	if !ok {
+		return Transition{}, false
+	}
+	t := Transition{From: b.state, To: to, At: now}
+	b.state, b.since = to, now
+	return t, true
+}
+
+// next returns the state the breaker moves to at now, if any.
+func (b *Breaker) next(now time.Time, window, probes Counts) (State, bool) {
+	switch b.state {
+	case Closed:
+		return Open, b.tripped(window)
+	case Open:
+		return HalfOpen, now.Sub(b.since) >= b.cfg.OpenDuration
+	case HalfOpen:
+		if probes.Failures > 0 {
+			return Open, true
+		}
+		return Closed, probes.Calls-probes.Failures >= max(b.cfg.HalfOpenProbes, 1)
+	}
+	return "", false
+}
+
+// tripped reports whether the window's failure ratio opens a Closed breaker.
+func (b *Breaker) tripped(window Counts) bool {
+	if window.Calls < max(b.cfg.MinCalls, 1) {
+		return false
+	}
+	return float64(window.Failures) >= b.cfg.FailureRatio*float64(window.Calls)
+}
