@@ -1,0 +1,426 @@
+// Package guard is the worker side of Spillway: every protection the fleet
+// puts on calls to one dependency, enforced at the moment of each call through
+// Redis (docs/protocol.md), so that the limits the controller publishes hold
+// across every pod.
+//
+// A call goes deadline → supersession → breaker → rate → slot → call →
+// release and report. Refusals and failures come back as *Error values that a
+// job framework maps to an action: defer (no attempt consumed), retry after a
+// delay, park, or drop.
+//
+//	g, err := guard.New(rdb, "mail/template-api", guard.Options{})
+//	...
+//	err = g.Do(ctx, guard.Job{Attempt: attempt, Deadline: enqueuedAt.Add(5 * time.Minute)},
+//		func(ctx context.Context) error { return render(ctx, tmpl) })
+//	switch action, after, _ := guard.Decide(err); action {
+//	case guard.ActionDefer, guard.ActionRetry, guard.ActionPark:
+//		job.RetryIn(after)
+//	case guard.ActionDrop:
+//		job.Ack()
+//	}
+//
+// The package imports go-redis, prometheus/client_golang and the standard
+// library; never controller-runtime or client-go.
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/retry"
+)
+
+// Options tune a Guard. The zero value is valid: every field has a default.
+type Options struct {
+	// LeaseTTL bounds how long a worker that dies keeps its slot. Calls longer
+	// than a third of it renew their lease. Default 30s.
+	LeaseTTL time.Duration
+	// RedisTimeout bounds every Redis round trip. Default 50ms. The client
+	// must have ContextTimeoutEnabled so the bound reaches the socket.
+	RedisTimeout time.Duration
+	// WaitForSlot makes Acquire wait, bounded by its context and MaxWait, when
+	// every slot is held or the rate is reached, instead of returning an
+	// ActionDefer error at once.
+	WaitForSlot bool
+	// MaxWait bounds the wait for a slot; 0 means only the context bounds it.
+	MaxWait time.Duration
+	// FailOpenLimit, when above 0, admits up to that many concurrent calls per
+	// process while Redis is unavailable, instead of refusing every call (the
+	// default, fail closed). Such calls report no outcome to the fleet.
+	FailOpenLimit int
+	// JobTTL is how long the newest version of a job key is remembered.
+	// Default 24h.
+	JobTTL time.Duration
+	// DeferDelay is the After of refusals that carry no better hint (Redis
+	// unavailable, no policy). Default 1s, jittered.
+	DeferDelay time.Duration
+	// Classify maps a call's error to the outcome reported to the fleet.
+	// Default: nil is a success, a Permanent error a success (the dependency
+	// answered), context.DeadlineExceeded a timeout, anything else a failure.
+	Classify func(error) protocol.Outcome
+	// Registerer receives the guard's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Rand draws the jitter. Default math/rand/v2's global source; a seeded
+	// source is made safe for concurrent use by the guard.
+	Rand retry.Rand
+	// Now is the clock used for deadlines. Default time.Now.
+	Now func() time.Time
+}
+
+// Guard enforces one dependency's fleet-wide limits. It is safe for
+// concurrent use; create one per dependency and share it.
+type Guard struct {
+	proto    *protocol.Client
+	dep      protocol.Dependency
+	opts     Options
+	metrics  *metrics
+	rnd      retry.Rand
+	local    chan struct{}
+	fallback retry.Backoff
+
+	mu       sync.Mutex
+	lastSeen retry.Backoff
+}
+
+// New returns a Guard for the dependency "namespace/name" (the
+// DependencyPolicy's namespace and name) over rdb.
+func New(rdb redis.UniversalClient, dependency string, opts Options) (*Guard, error) {
+	if rdb == nil {
+		return nil, errors.New("redis client must not be nil")
+	}
+	dep, err := protocol.ParseDependency(dependency)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkClient(rdb); err != nil {
+		return nil, err
+	}
+	opts, err = opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	proto, err := protocol.NewClient(rdb, dep)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(opts.Registerer, dep.String())
+	if err != nil {
+		return nil, err
+	}
+	g := &Guard{
+		proto:    proto,
+		dep:      dep,
+		opts:     opts,
+		metrics:  m,
+		rnd:      opts.Rand,
+		fallback: retry.Backoff{Base: time.Second, Max: 5 * time.Minute, Jitter: retry.JitterFull},
+	}
+	g.lastSeen = g.fallback
+	if opts.FailOpenLimit > 0 {
+		g.local = make(chan struct{}, opts.FailOpenLimit)
+	}
+	return g, nil
+}
+
+func (o Options) withDefaults() (Options, error) {
+	def := func(d *time.Duration, name string, v time.Duration) error {
+		if *d < 0 {
+			return fmt.Errorf("%s must not be negative, got %v", name, *d)
+		}
+		if *d == 0 {
+			*d = v
+		}
+		return nil
+	}
+	for _, f := range []struct {
+		d    *time.Duration
+		name string
+		v    time.Duration
+	}{
+		{&o.LeaseTTL, "LeaseTTL", 30 * time.Second},
+		{&o.RedisTimeout, "RedisTimeout", 50 * time.Millisecond},
+		{&o.JobTTL, "JobTTL", 24 * time.Hour},
+		{&o.DeferDelay, "DeferDelay", time.Second},
+	} {
+		if err := def(f.d, f.name, f.v); err != nil {
+			return o, err
+		}
+	}
+	if o.MaxWait < 0 {
+		return o, fmt.Errorf("MaxWait must not be negative, got %v", o.MaxWait)
+	}
+	if o.LeaseTTL < 10*time.Millisecond {
+		return o, fmt.Errorf("LeaseTTL must be at least 10ms, got %v", o.LeaseTTL)
+	}
+	if o.FailOpenLimit < 0 {
+		return o, fmt.Errorf("FailOpenLimit must not be negative, got %d", o.FailOpenLimit)
+	}
+	if o.Classify == nil {
+		o.Classify = Classify
+	}
+	if o.Rand == nil {
+		o.Rand = globalRand{}
+	} else {
+		o.Rand = &lockedRand{r: o.Rand}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o, nil
+}
+
+// checkClient refuses a client whose socket deadlines ignore the context: with
+// it, RedisTimeout could not bound a call to a Redis that stopped answering.
+func checkClient(rdb redis.UniversalClient) error {
+	var enabled bool
+	switch c := rdb.(type) {
+	case *redis.Client:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		enabled = c.Options().ContextTimeoutEnabled
+	default:
+		return nil
+	}
+	if !enabled {
+		return errors.New("redis client must set ContextTimeoutEnabled: true, so that RedisTimeout bounds every call")
+	}
+	return nil
+}
+
+// Dependency is the dependency this guard protects.
+func (g *Guard) Dependency() protocol.Dependency { return g.dep }
+
+// Job describes one run of a job.
+type Job struct {
+	// Attempt is this run's attempt number: 1 for the first call, 2 for the
+	// first retry. Deferred runs (ActionDefer) keep their attempt number.
+	Attempt int
+	// Deadline, when set, drops the job as stale once passed. Leave it zero
+	// for work that never expires (payments, orders).
+	Deadline time.Time
+	// Key and Version, when Key is set, deduplicate superseded work: a run is
+	// dropped if a newer version of Key has run or been announced with
+	// Supersede. Versions are integers in [0, 2^53).
+	Key     string
+	Version int64
+}
+
+func (j Job) attempt() int { return max(j.Attempt, 1) }
+
+// Do runs fn once under the fleet's protections and returns nil, fn's
+// Permanent error, or an *Error saying what to do with the job.
+func (g *Guard) Do(ctx context.Context, job Job, fn func(context.Context) error) error {
+	if fn == nil {
+		return errors.New("function must not be nil")
+	}
+	p, err := g.Acquire(ctx, job)
+	if err != nil {
+		return err
+	}
+	return p.Done(fn(p.Context()))
+}
+
+// Supersede announces that version of the job key exists (call it when the
+// newer job is enqueued), so queued older versions are dropped before they
+// call the dependency.
+func (g *Guard) Supersede(ctx context.Context, key string, version int64) error {
+	ctx, cancel := g.redisContext(ctx)
+	defer cancel()
+	if _, err := g.proto.Supersede(ctx, key, version, g.opts.JobTTL); err != nil {
+		g.metrics.redisErrors.Inc()
+		return err
+	}
+	return nil
+}
+
+// Acquire admits one call or refuses it. On admission the caller must call
+// Done on the Permit exactly once, with the call's error.
+func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if job.Attempt < 0 {
+		return nil, fmt.Errorf("job attempt must not be negative, got %d", job.Attempt)
+	}
+	if !job.Deadline.IsZero() && !g.opts.Now().Before(job.Deadline) {
+		g.metrics.stale.Inc()
+		return nil, &Error{Action: ActionDrop, Reason: ErrStale}
+	}
+	if job.Key != "" && (job.Version < 0 || job.Version > protocol.MaxJobVersion) {
+		return nil, fmt.Errorf("job version must be in [0, 2^53), got %d", job.Version)
+	}
+	args := protocol.AcquireArgs{
+		LeaseID:    leaseID(),
+		TTL:        g.opts.LeaseTTL,
+		JobKey:     job.Key,
+		JobVersion: job.Version,
+		JobTTL:     g.opts.JobTTL,
+	}
+	waitCtx, cancel := g.waitContext(ctx)
+	defer cancel()
+	start := time.Now()
+	var pause time.Duration
+	for {
+		adm, err := g.acquireOnce(ctx, args)
+		if err != nil {
+			return g.unavailable(ctx, job, err)
+		}
+		refusal := g.refusal(adm)
+		if refusal == nil {
+			g.metrics.slotWait.Observe(time.Since(start).Seconds())
+			return g.newPermit(ctx, job, adm), nil
+		}
+		if !g.opts.WaitForSlot || refusal.Action != ActionDefer || refusal.Reason == ErrOpen {
+			g.count(refusal)
+			return nil, refusal
+		}
+		// Wait without hot polling: capped exponential steps with full jitter,
+		// never past the next lease expiry or rate slot the server hinted at.
+		pause = min(max(2*pause, 5*time.Millisecond), 250*time.Millisecond)
+		sleep := time.Duration(g.rnd.Float64() * float64(pause))
+		if refusal.After > 0 && refusal.After < sleep {
+			sleep = refusal.After
+		}
+		if !sleepCtx(waitCtx, sleep) {
+			g.count(refusal)
+			return nil, refusal
+		}
+	}
+}
+
+func (g *Guard) acquireOnce(ctx context.Context, args protocol.AcquireArgs) (protocol.Admission, error) {
+	rctx, cancel := g.redisContext(ctx)
+	defer cancel()
+	return g.proto.Acquire(rctx, args)
+}
+
+// refusal turns a refused admission into the *Error a caller sees.
+func (g *Guard) refusal(adm protocol.Admission) *Error {
+	switch adm.Code {
+	case protocol.Admitted:
+		return nil
+	case protocol.RefusedOpen:
+		return &Error{Action: ActionDefer, Reason: ErrOpen, After: g.jitterUp(adm.Wait)}
+	case protocol.RefusedThrottled:
+		return &Error{Action: ActionDefer, Reason: ErrThrottled, After: adm.Wait}
+	case protocol.RefusedRate:
+		return &Error{Action: ActionDefer, Reason: ErrRateLimited, After: adm.Wait}
+	case protocol.RefusedSuperseded:
+		return &Error{Action: ActionDrop, Reason: ErrSuperseded}
+	}
+	return &Error{Action: ActionDefer, Reason: ErrRedisUnavailable, After: g.jitterUp(g.opts.DeferDelay),
+		Cause: fmt.Errorf("unknown admission code %v", adm.Code)}
+}
+
+func (g *Guard) count(e *Error) {
+	switch e.Reason {
+	case ErrSuperseded:
+		g.metrics.superseded.Inc()
+	default:
+		if c, ok := g.metrics.throttled[e.Reason]; ok {
+			c.Inc()
+		}
+	}
+}
+
+// unavailable handles a failed acquisition: no policy, or Redis not answering.
+// It fails closed unless FailOpenLimit admits the call locally.
+func (g *Guard) unavailable(ctx context.Context, job Job, err error) (*Permit, error) {
+	if errors.Is(err, protocol.ErrNoPolicy) || errors.Is(err, protocol.ErrVersion) {
+		e := &Error{Action: ActionDefer, Reason: ErrNoPolicy, After: g.jitterUp(g.opts.DeferDelay), Cause: err}
+		g.count(e)
+		return nil, e
+	}
+	g.metrics.redisErrors.Inc()
+	if g.local != nil {
+		select {
+		case g.local <- struct{}{}:
+			g.metrics.failOpen.Inc()
+			return g.newLocalPermit(ctx, job), nil
+		default:
+		}
+	}
+	e := &Error{Action: ActionDefer, Reason: ErrRedisUnavailable, After: g.jitterUp(g.opts.DeferDelay), Cause: err}
+	g.count(e)
+	return nil, e
+}
+
+// redisContext bounds one Redis round trip.
+func (g *Guard) redisContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, g.opts.RedisTimeout)
+}
+
+func (g *Guard) waitContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if g.opts.MaxWait > 0 {
+		return context.WithTimeout(ctx, g.opts.MaxWait)
+	}
+	return ctx, func() {}
+}
+
+// jitterUp spreads a delay upward by up to half, so refusals that share a
+// hint do not come back together.
+func (g *Guard) jitterUp(d time.Duration) time.Duration {
+	return retry.RetryAfter(d, g.rnd)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Classify is the default outcome classifier.
+func Classify(err error) protocol.Outcome {
+	var p *permanentError
+	switch {
+	case err == nil, errors.As(err, &p):
+		return protocol.Success
+	case errors.Is(err, context.DeadlineExceeded):
+		return protocol.Timeout
+	}
+	return protocol.Failure
+}
+
+func leaseID() string {
+	var b [32]byte
+	s := strconv.AppendUint(b[:0], rand.Uint64(), 36)
+	s = append(s, '-')
+	s = strconv.AppendUint(s, rand.Uint64(), 36)
+	return string(s)
+}
+
+// globalRand draws from math/rand/v2's global, concurrency-safe source.
+type globalRand struct{}
+
+func (globalRand) Float64() float64 { return rand.Float64() }
+
+// lockedRand makes a caller's seeded source safe for concurrent use.
+type lockedRand struct {
+	mu sync.Mutex
+	r  retry.Rand
+}
+
+func (l *lockedRand) Float64() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Float64()
+}

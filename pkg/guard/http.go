@@ -1,0 +1,98 @@
+package guard
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The headers a worker sends with every HTTP request, so the dependency's
+// middleware (pkg/shed) can count requests by attempt and drop work whose
+// caller has given up. gRPC carries the same facts in the standard
+// grpc-previous-rpc-attempts metadata and grpc-timeout.
+const (
+	// AttemptHeader carries the attempt number: 1 for a first attempt.
+	AttemptHeader = "Spillway-Attempt"
+	// DeadlineHeader carries the caller's deadline, RFC 3339 with
+	// nanoseconds, UTC.
+	DeadlineHeader = "Spillway-Deadline"
+)
+
+type attemptKey struct{}
+
+func withAttempt(ctx context.Context, attempt int) context.Context {
+	return context.WithValue(ctx, attemptKey{}, attempt)
+}
+
+// AttemptFromContext returns the attempt number of the call running under
+// ctx (a Permit's context), or 1 outside one.
+func AttemptFromContext(ctx context.Context) int {
+	if n, ok := ctx.Value(attemptKey{}).(int); ok && n > 0 {
+		return n
+	}
+	return 1
+}
+
+// Transport is an http.RoundTripper that sets AttemptHeader and, when the
+// request's context has a deadline, DeadlineHeader.
+type Transport struct {
+	// Base is the transport that sends the request; nil means
+	// http.DefaultTransport.
+	Base http.RoundTripper
+}
+
+// RoundTrip sets the headers on a clone of req and sends it.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	r := req.Clone(req.Context())
+	r.Header.Set(AttemptHeader, strconv.Itoa(AttemptFromContext(req.Context())))
+	if d, ok := req.Context().Deadline(); ok {
+		r.Header.Set(DeadlineHeader, d.UTC().Format(time.RFC3339Nano))
+	}
+	return base.RoundTrip(r)
+}
+
+// CheckResponse maps an HTTP response to the error a guarded call returns:
+// nil below 400; for 429 and 503 an error carrying the server's Retry-After
+// (see RetryAfter); for other 5xx a plain failure; for other 4xx a Permanent
+// error, since retrying cannot fix the request.
+func CheckResponse(resp *http.Response) error {
+	if resp.StatusCode < 400 {
+		return nil
+	}
+	err := fmt.Errorf("%s %s: %s", resp.Request.Method, resp.Request.URL.Redacted(), resp.Status)
+	switch {
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
+		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+			return RetryAfter(err, d)
+		}
+		return err
+	case resp.StatusCode >= 500:
+		return err
+	}
+	return Permanent(err)
+}
+
+// parseRetryAfter reads a Retry-After value: delay seconds or an HTTP date.
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if s < 0 || s > 24*3600 {
+			return 0, false
+		}
+		return time.Duration(s) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0), true
+	}
+	return 0, false
+}

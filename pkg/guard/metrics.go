@@ -1,0 +1,111 @@
+package guard
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/spillway-dev/spillway/pkg/protocol"
+)
+
+// metrics are the guard's Prometheus series, curried by dependency at
+// construction so the call path does no label lookups.
+type metrics struct {
+	calls        map[protocol.Outcome][4]prometheus.Counter
+	throttled    map[error]prometheus.Counter
+	stale        prometheus.Counter
+	superseded   prometheus.Counter
+	budgetRefuse prometheus.Counter
+	retries      prometheus.Counter
+	redisErrors  prometheus.Counter
+	leaseLost    prometheus.Counter
+	failOpen     prometheus.Counter
+	slotWait     prometheus.Observer
+}
+
+var attemptLabels = [4]string{"1", "2", "3", "4+"}
+
+func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
+	c := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "spillway", Subsystem: "worker", Name: name, Help: help,
+		}, append([]string{"dependency"}, labels...))
+	}
+	calls := c("calls_total", "Calls made to the dependency, by outcome (success, failure, timeout) and attempt number.", "outcome", "attempt")
+	throttled := c("throttled_total", "Calls not made because the fleet refused them, by reason (slots, rate, open, redis_unavailable, no_policy).", "reason")
+	stale := c("stale_dropped_total", "Jobs dropped before any call because they were past their deadline.")
+	superseded := c("superseded_total", "Jobs dropped before any call because a newer version exists.")
+	budget := c("budget_refusals_total", "Failed calls parked because the fleet's retry budget was spent.")
+	retries := c("retries_scheduled_total", "Failed calls the retry budget allowed to retry.")
+	redisErrors := c("redis_errors_total", "Redis round trips that failed or timed out.")
+	leaseLost := c("lease_lost_total", "Calls whose lease expired before it was renewed.")
+	failOpen := c("fail_open_calls_total", "Calls admitted by the local cap while Redis was unavailable.")
+	wait := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "spillway", Subsystem: "worker", Name: "slot_wait_seconds",
+		Help:    "Time spent waiting for a fleet-wide slot before a call was admitted.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	}, []string{"dependency"})
+
+	vecs := []**prometheus.CounterVec{&calls, &throttled, &stale, &superseded, &budget, &retries, &redisErrors, &leaseLost, &failOpen}
+	for _, v := range vecs {
+		var err error
+		if *v, err = register(reg, *v); err != nil {
+			return nil, err
+		}
+	}
+	wait, err := register(reg, wait)
+	if err != nil {
+		return nil, err
+	}
+	m := &metrics{
+		calls:        map[protocol.Outcome][4]prometheus.Counter{},
+		throttled:    map[error]prometheus.Counter{},
+		stale:        stale.WithLabelValues(dep),
+		superseded:   superseded.WithLabelValues(dep),
+		budgetRefuse: budget.WithLabelValues(dep),
+		retries:      retries.WithLabelValues(dep),
+		redisErrors:  redisErrors.WithLabelValues(dep),
+		leaseLost:    leaseLost.WithLabelValues(dep),
+		failOpen:     failOpen.WithLabelValues(dep),
+		slotWait:     wait.WithLabelValues(dep),
+	}
+	for o, name := range map[protocol.Outcome]string{protocol.Success: "success", protocol.Failure: "failure", protocol.Timeout: "timeout"} {
+		var byAttempt [4]prometheus.Counter
+		for i, a := range attemptLabels {
+			byAttempt[i] = calls.WithLabelValues(dep, name, a)
+		}
+		m.calls[o] = byAttempt
+	}
+	for reason, name := range map[error]string{
+		ErrThrottled: "slots", ErrRateLimited: "rate", ErrOpen: "open",
+		ErrRedisUnavailable: "redis_unavailable", ErrNoPolicy: "no_policy",
+	} {
+		m.throttled[reason] = throttled.WithLabelValues(dep, name)
+	}
+	return m, nil
+}
+
+func (m *metrics) call(o protocol.Outcome, attempt int) {
+	i := min(max(attempt, 1), 4) - 1
+	m.calls[o][i].Inc()
+}
+
+// register registers col, or returns the collector already registered under
+// its name, so that several guards (one per dependency) share one registry.
+func register[C prometheus.Collector](reg prometheus.Registerer, col C) (C, error) {
+	if reg == nil {
+		return col, nil
+	}
+	err := reg.Register(col)
+	if err == nil {
+		return col, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	return col, fmt.Errorf("failed to register metrics: %w", err)
+}

@@ -1,0 +1,325 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/pkg/retry"
+)
+
+// Client runs the protocol's scripts for one dependency.
+type Client struct {
+	rdb  redis.UniversalClient
+	dep  Dependency
+	keys Keys
+
+	acquireKeys []string
+	releaseKeys []string
+	renewKeys   []string
+	budgetKeys  []string
+	windowKeys  []string
+	publishKeys []string
+}
+
+// NewClient returns a Client for d over rdb, which may be a *redis.Client, a
+// *redis.ClusterClient or a *redis.Ring.
+func NewClient(rdb redis.UniversalClient, d Dependency) (*Client, error) {
+	if rdb == nil {
+		return nil, errors.New("redis client must not be nil")
+	}
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	k := KeysFor(d)
+	return &Client{
+		rdb:         rdb,
+		dep:         d,
+		keys:        k,
+		acquireKeys: []string{k.State, k.Leases, k.GCRA},
+		releaseKeys: []string{k.State, k.Leases, k.Stats, k.Probes},
+		renewKeys:   []string{k.Leases},
+		budgetKeys:  []string{k.State, k.Stats},
+		windowKeys:  []string{k.Stats, k.Probes},
+		publishKeys: []string{k.State, k.Probes},
+	}, nil
+}
+
+// Dependency is the dependency this client speaks for.
+func (c *Client) Dependency() Dependency { return c.dep }
+
+// Keys are the dependency's keys.
+func (c *Client) Keys() Keys { return c.keys }
+
+// Code says whether a call was admitted, and if not, why.
+type Code int
+
+const (
+	// Admitted: the call holds a lease and may proceed.
+	Admitted Code = 0
+	// RefusedOpen: the breaker is open; Wait is the time until probes start.
+	RefusedOpen Code = 1
+	// RefusedThrottled: every slot is held; Wait is the time until the first
+	// lease expires (a bound, not a promise: a release frees one sooner).
+	RefusedThrottled Code = 2
+	// RefusedRate: the rate limit is reached; Wait is when the next call may
+	// start.
+	RefusedRate Code = 3
+	// RefusedSuperseded: a newer version of the job exists.
+	RefusedSuperseded Code = 4
+)
+
+// String names the code.
+func (c Code) String() string {
+	switch c {
+	case Admitted:
+		return "admitted"
+	case RefusedOpen:
+		return "open"
+	case RefusedThrottled:
+		return "throttled"
+	case RefusedRate:
+		return "rate"
+	case RefusedSuperseded:
+		return "superseded"
+	}
+	return "code(" + strconv.Itoa(int(c)) + ")"
+}
+
+// AcquireArgs are the inputs of one acquisition.
+type AcquireArgs struct {
+	// LeaseID identifies the lease; unique per call (16 random bytes, hex).
+	LeaseID string
+	// TTL bounds how long a holder that dies keeps its slot.
+	TTL time.Duration
+	// JobKey and JobVersion, when JobKey is set, drop the call if a newer
+	// version of the job is known, and record this version once admitted.
+	JobKey     string
+	JobVersion int64
+	// JobTTL is how long the newest version of a job key is remembered.
+	JobTTL time.Duration
+}
+
+// Admission is the answer to an acquisition.
+type Admission struct {
+	Code Code
+	// Epoch is the state epoch that admitted the call; release reports it so
+	// that probe outcomes count only for the HalfOpen epoch they belong to.
+	Epoch int64
+	// Limit is the limit in force when the call was admitted or refused.
+	Limit int64
+	// Held is the number of leases held when a call was throttled.
+	Held int64
+	// Member is the lease's member in the leases sorted set.
+	Member string
+	// Wait is a hint for when to ask again (see Code).
+	Wait time.Duration
+	// Newest is the newest known version of a superseded job.
+	Newest int64
+}
+
+// MaxJobVersion bounds job versions: Lua compares them as doubles.
+const MaxJobVersion = 1<<53 - 1
+
+// Acquire asks for one slot: breaker, dedupe, concurrency and rate are checked
+// and the lease taken in one script, one round trip.
+func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) {
+	if a.LeaseID == "" {
+		return Admission{}, errors.New("lease id must not be empty")
+	}
+	if a.TTL < time.Millisecond {
+		return Admission{}, fmt.Errorf("lease ttl must be at least 1ms, got %v", a.TTL)
+	}
+	keys := c.acquireKeys
+	args := []any{a.LeaseID, a.TTL.Milliseconds()}
+	if a.JobKey != "" {
+		if a.JobVersion < 0 || a.JobVersion > MaxJobVersion {
+			return Admission{}, fmt.Errorf("job version must be in [0, 2^53), got %d", a.JobVersion)
+		}
+		if a.JobTTL < time.Millisecond {
+			return Admission{}, fmt.Errorf("job ttl must be at least 1ms, got %v", a.JobTTL)
+		}
+		keys = []string{c.keys.State, c.keys.Leases, c.keys.GCRA, c.keys.Job(a.JobKey)}
+		args = append(args, a.JobVersion, a.JobTTL.Milliseconds())
+	}
+	res, err := acquireScript.Run(ctx, c.rdb, keys, args...).Slice()
+	if err != nil {
+		return Admission{}, fmt.Errorf("failed to acquire a slot for %s: %w", c.dep, err)
+	}
+	code, err := intAt(res, 0)
+	if err != nil {
+		return Admission{}, err
+	}
+	switch code {
+	case 0:
+		epoch, _ := intAt(res, 1)
+		limit, _ := intAt(res, 2)
+		member, _ := res[3].(string)
+		return Admission{Code: Admitted, Epoch: epoch, Limit: limit, Member: member}, nil
+	case 1:
+		wait, _ := intAt(res, 1)
+		return Admission{Code: RefusedOpen, Wait: time.Duration(wait) * time.Millisecond}, nil
+	case 2:
+		wait, _ := intAt(res, 1)
+		held, _ := intAt(res, 2)
+		limit, _ := intAt(res, 3)
+		return Admission{Code: RefusedThrottled, Wait: time.Duration(wait) * time.Millisecond, Held: held, Limit: limit}, nil
+	case 3:
+		wait, _ := intAt(res, 1)
+		return Admission{Code: RefusedRate, Wait: time.Duration(wait) * time.Millisecond}, nil
+	case 4:
+		newest, _ := intAt(res, 1)
+		return Admission{Code: RefusedSuperseded, Newest: newest}, nil
+	case 5:
+		return Admission{}, fmt.Errorf("%s: %w", c.dep, ErrNoPolicy)
+	case 6:
+		return Admission{}, fmt.Errorf("%s: %w", c.dep, ErrVersion)
+	}
+	return Admission{}, fmt.Errorf("unexpected acquire reply %v", res)
+}
+
+// Renew extends a held lease by ttl from now. It returns false, and does not
+// re-acquire, when the lease had already expired: the caller lost its slot.
+func (c *Client) Renew(ctx context.Context, member string, ttl time.Duration) (bool, error) {
+	if ttl < time.Millisecond {
+		return false, fmt.Errorf("lease ttl must be at least 1ms, got %v", ttl)
+	}
+	n, err := renewScript.Run(ctx, c.rdb, c.renewKeys, member, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return false, fmt.Errorf("failed to renew a lease for %s: %w", c.dep, err)
+	}
+	return n == 1, nil
+}
+
+// Release frees the lease member (empty for a call admitted without one) and
+// reports the call's outcome and attempt number, in one round trip. It returns
+// whether the lease was still held.
+func (c *Client) Release(ctx context.Context, member string, epoch int64, outcome Outcome, attempt int) (bool, error) {
+	if !outcome.Valid() {
+		return false, fmt.Errorf("outcome must be s, f or t, got %q", outcome)
+	}
+	if attempt < 1 {
+		return false, fmt.Errorf("attempt must be at least 1, got %d", attempt)
+	}
+	n, err := releaseScript.Run(ctx, c.rdb, c.releaseKeys, member, string(outcome), attempt, epoch).Int64()
+	if err != nil {
+		return false, fmt.Errorf("failed to release a lease for %s: %w", c.dep, err)
+	}
+	return n == 1, nil
+}
+
+// BudgetDecision is the answer to "may this failed job retry now?".
+type BudgetDecision struct {
+	Allowed bool
+	// Backoff is the policy's backoff as published now.
+	Backoff retry.Backoff
+	// Calls and Granted are the calls and retries counted in the window,
+	// before this decision.
+	Calls, Granted int64
+}
+
+// RetryBudget decides whether one more retry fits the fleet's budget and
+// counts the grant or the refusal. It also returns the backoff parameters in
+// force, so a policy change applies at the next failure.
+func (c *Client) RetryBudget(ctx context.Context) (BudgetDecision, error) {
+	res, err := budgetScript.Run(ctx, c.rdb, c.budgetKeys).Slice()
+	if err != nil {
+		return BudgetDecision{}, fmt.Errorf("failed to check the retry budget for %s: %w", c.dep, err)
+	}
+	code, err := intAt(res, 0)
+	if err != nil {
+		return BudgetDecision{}, err
+	}
+	switch code {
+	case -5:
+		return BudgetDecision{}, fmt.Errorf("%s: %w", c.dep, ErrNoPolicy)
+	case -6:
+		return BudgetDecision{}, fmt.Errorf("%s: %w", c.dep, ErrVersion)
+	}
+	if len(res) < 6 {
+		return BudgetDecision{}, fmt.Errorf("unexpected budget reply %v", res)
+	}
+	base, _ := intAt(res, 1)
+	maxMS, _ := intAt(res, 2)
+	jitter, _ := res[3].(string)
+	calls, _ := intAt(res, 4)
+	granted, _ := intAt(res, 5)
+	return BudgetDecision{
+		Allowed: code == 1,
+		Backoff: retry.Backoff{
+			Base:   time.Duration(base) * time.Millisecond,
+			Max:    time.Duration(maxMS) * time.Millisecond,
+			Jitter: retry.Jitter(jitter),
+		},
+		Calls:   calls,
+		Granted: granted,
+	}, nil
+}
+
+// Supersede records that version of jobKey exists, so that older versions are
+// dropped before they call the dependency. It returns the newest version known.
+func (c *Client) Supersede(ctx context.Context, jobKey string, version int64, ttl time.Duration) (int64, error) {
+	if jobKey == "" {
+		return 0, errors.New("job key must not be empty")
+	}
+	if version < 0 || version > MaxJobVersion {
+		return 0, fmt.Errorf("job version must be in [0, 2^53), got %d", version)
+	}
+	if ttl < time.Millisecond {
+		return 0, fmt.Errorf("job ttl must be at least 1ms, got %v", ttl)
+	}
+	s, err := supersedeScript.Run(ctx, c.rdb, []string{c.keys.Job(jobKey)}, version, ttl.Milliseconds()).Text()
+	if err != nil {
+		return 0, fmt.Errorf("failed to record job %q version %d for %s: %w", jobKey, version, c.dep, err)
+	}
+	return strconv.ParseInt(s, 10, 64)
+}
+
+// Noop runs a script that does nothing: the baseline the acquire benchmark is
+// measured against.
+func (c *Client) Noop(ctx context.Context) error {
+	return noopScript.Run(ctx, c.rdb, c.renewKeys).Err()
+}
+
+func intAt(res []any, i int) (int64, error) {
+	if i >= len(res) {
+		return 0, fmt.Errorf("reply %v has no element %d", res, i)
+	}
+	switch v := res[i].(type) {
+	case int64:
+		return v, nil
+	case string:
+		return strconv.ParseInt(v, 10, 64)
+	}
+	return 0, fmt.Errorf("reply element %d is %T, not an integer", i, res[i])
+}
+
+// millis converts t to Unix milliseconds, 0 for the zero time.
+func millis(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+// fromMillis is the inverse of millis.
+func fromMillis(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// seconds rounds d up to whole seconds, at least 1.
+func seconds(d time.Duration) int64 {
+	s := int64(math.Ceil(d.Seconds()))
+	if s < 1 {
+		return 1
+	}
+	return s
+}

@@ -1,0 +1,56 @@
+-- acquire: admit one call, or say why not.
+-- KEYS[1] state  KEYS[2] leases  KEYS[3] gcra  [KEYS[4] job]
+-- ARGV[1] lease id  ARGV[2] lease ttl ms  [ARGV[3] job version  ARGV[4] job ttl ms]
+-- Returns {code, ...}: 0 admitted {0, epoch, limit, member}; 1 open {1, ms until
+-- probes}; 2 throttled {2, ms until the first lease expires, held, limit};
+-- 3 rate {3, ms to wait}; 4 superseded {4, newest version};
+-- 5 no policy {5}; 6 protocol version mismatch {6, version}.
+local st = redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
+  'rate_interval_us', 'rate_burst', 'open_until_ms')
+if not st[1] then return {5} end
+if st[1] ~= '1' then return {6, tonumber(st[1]) or -1} end
+
+local now = now_us()
+local now_ms = math.floor(now / 1000)
+
+if KEYS[4] then
+  local newest = redis.call('GET', KEYS[4])
+  if newest and tonumber(newest) > tonumber(ARGV[3]) then return {4, newest} end
+end
+
+if st[2] == 'Open' then
+  local until_ms = tonumber(st[7]) or now_ms
+  return {1, math.max(0, until_ms - now_ms)}
+end
+
+local limit = math.floor(tonumber(st[3]) or 0)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', int(now_ms))
+local held = redis.call('ZCARD', KEYS[2])
+if held >= limit then
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  local wait = 0
+  if first[2] then wait = tonumber(first[2]) - now_ms end
+  return {2, wait, held, limit}
+end
+
+local interval = math.floor(tonumber(st[5]) or 0)
+if interval > 0 then
+  local burst = math.max(1, math.floor(tonumber(st[6]) or 1))
+  local tat = tonumber(redis.call('GET', KEYS[3])) or now
+  if tat < now then tat = now end
+  local allow_at = tat - (burst - 1) * interval
+  if allow_at > now then return {3, math.ceil((allow_at - now) / 1000)} end
+  local next_tat = tat + interval
+  redis.call('SET', KEYS[3], int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
+end
+
+local ttl = tonumber(ARGV[2])
+local member = st[4] .. ':' .. ARGV[1]
+redis.call('ZADD', KEYS[2], int(now_ms + ttl), member)
+if redis.call('PTTL', KEYS[2]) < ttl + 60000 then
+  redis.call('PEXPIRE', KEYS[2], int(ttl + 60000))
+end
+if KEYS[4] then
+  redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[4])
+end
+return {0, tonumber(st[4]), limit, member}

@@ -1,0 +1,27 @@
+-- budget: may this failed job retry now? Counts the grant or the refusal.
+-- KEYS[1] state  KEYS[2] stats
+-- Returns {allowed 0|1, backoff base ms, backoff max ms, jitter, calls, granted}
+-- or {-5} when no policy is published. The rule is retry.AllowsPPM:
+-- granted × 1e6 < max(minRetries × 1e6, ratioPPM × calls) over the window.
+local st = redis.call('HMGET', KEYS[1], 'version', 'budget_ratio_ppm',
+  'budget_min_retries', 'budget_window_s', 'backoff_base_ms', 'backoff_max_ms',
+  'jitter', 'stats_retention_s')
+if not st[1] then return {-5} end
+if st[1] ~= '1' then return {-6} end
+local now_s = math.floor(now_us() / 1000000)
+local window = math.floor(tonumber(st[4]))
+local totals = sum(KEYS[2], now_s - window, now_s, {'c', 'g'})
+local calls, granted = totals[1], totals[2]
+local ratio_ppm = math.floor(tonumber(st[2]))
+local min_retries = math.floor(tonumber(st[3]))
+local allowed = granted * 1000000 < math.max(min_retries * 1000000, ratio_ppm * calls)
+local p = int(now_s) .. ':'
+if allowed then
+  redis.call('HINCRBY', KEYS[2], p .. 'g', 1)
+else
+  redis.call('HINCRBY', KEYS[2], p .. 'b', 1)
+end
+local retention = math.floor(tonumber(st[8]) or 3660)
+prune(KEYS[2], now_s, retention)
+redis.call('EXPIRE', KEYS[2], int(retention + 60))
+return {allowed and 1 or 0, tonumber(st[5]), tonumber(st[6]), st[7], calls, granted}

@@ -1,0 +1,51 @@
+-- Shared by every Spillway script (protocol v1). Redis runs Lua 5.1, whose
+-- numbers are doubles: integers are exact below 2^53, and tostring() keeps only
+-- 14 significant digits, so every number written back to Redis goes through
+-- int(), never through implicit conversion.
+
+local SUFFIXES = {'c', 's', 'f', 't', 'a1', 'a2', 'a3', 'a4', 'g', 'b'}
+
+local function int(n)
+  return string.format('%d', n)
+end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Deletes the buckets of seconds that fell out of the retention, at most 16
+-- seconds' worth per call, and moves the cursor kept in the field 'pruned'.
+local function prune(stats, now_s, retention)
+  local target = now_s - retention
+  local cursor = tonumber(redis.call('HGET', stats, 'pruned')) or (target - 1)
+  if cursor >= target then return end
+  if cursor < target - 3600 then cursor = target - 3600 end
+  local upto = math.min(target, cursor + 16)
+  local fields = {}
+  for s = cursor + 1, upto do
+    for _, f in ipairs(SUFFIXES) do fields[#fields + 1] = int(s) .. ':' .. f end
+  end
+  redis.call('HDEL', stats, unpack(fields))
+  redis.call('HSET', stats, 'pruned', int(upto))
+end
+
+-- Sums the buckets named by suffixes over the seconds (from_s, to_s].
+local function sum(stats, from_s, to_s, suffixes)
+  local totals = {}
+  for i = 1, #suffixes do totals[i] = 0 end
+  if to_s <= from_s then return totals end
+  local fields = {}
+  for s = from_s + 1, to_s do
+    for _, f in ipairs(suffixes) do fields[#fields + 1] = int(s) .. ':' .. f end
+  end
+  local values = redis.call('HMGET', stats, unpack(fields))
+  for i, v in ipairs(values) do
+    if v then
+      local k = (i - 1) % #suffixes + 1
+      totals[k] = totals[k] + tonumber(v)
+    end
+  end
+  return totals
+end
+

@@ -1,0 +1,207 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/spillway-dev/spillway/pkg/retry"
+)
+
+// Published is what the controller writes for a dependency: what workers
+// enforce, and the controller's own breaker and ramp state, kept in Redis so
+// that it survives a manager restart.
+type Published struct {
+	State State
+	// Limit is the fleet-wide concurrency limit in force.
+	Limit int64
+	// Capacity is capacity.concurrency.
+	Capacity int64
+	// RatePerSecond is the fleet-wide rate limit; 0 means none.
+	RatePerSecond int64
+	// Epoch increases by one at every state transition.
+	Epoch int64
+	// OpenUntil is when an Open breaker lets probes through.
+	OpenUntil time.Time
+
+	Backoff       retry.Backoff
+	Budget        retry.Budget
+	BreakerWindow time.Duration
+
+	// BreakerSince is when the breaker entered its state.
+	BreakerSince time.Time
+	// RampStep and RampStepStarted are the ramp's position.
+	RampStep        int
+	RampStepStarted time.Time
+
+	// UpdatedAt is when Redis stored this state (Redis time); read only.
+	UpdatedAt time.Time
+}
+
+// RateBurst is the rate limiter's burst for a rate: a tenth of a second's
+// worth of calls, at least 1.
+func RateBurst(ratePerSecond int64) int64 {
+	return max(1, ratePerSecond/10)
+}
+
+// RateInterval is the GCRA emission interval in microseconds for a rate,
+// rounded up so the fleet never runs faster than the rate.
+func RateInterval(ratePerSecond int64) int64 {
+	if ratePerSecond <= 0 {
+		return 0
+	}
+	return (1_000_000 + ratePerSecond - 1) / ratePerSecond
+}
+
+// StatsRetention is how long per-second counters are kept: the longer of the
+// two windows, plus a minute.
+func StatsRetention(p Published) time.Duration {
+	return max(p.BreakerWindow, p.Budget.Window) + time.Minute
+}
+
+// ErrStaleEpoch means Redis holds a newer epoch than the one being published:
+// another controller wrote after this one decided.
+var ErrStaleEpoch = errors.New("redis holds a newer epoch")
+
+// Publish writes p in one script. A write whose epoch is lower than the one
+// stored is refused with ErrStaleEpoch. It returns Redis's time of the write.
+func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
+	if p.State == "" {
+		return time.Time{}, errors.New("state must not be empty")
+	}
+	if p.Limit < 0 || p.Capacity < 1 {
+		return time.Time{}, fmt.Errorf("limit must be >= 0 and capacity >= 1, got %d and %d", p.Limit, p.Capacity)
+	}
+	args := []any{
+		p.Epoch,
+		"state", string(p.State),
+		"limit", p.Limit,
+		"capacity", p.Capacity,
+		"rate", p.RatePerSecond,
+		"rate_interval_us", RateInterval(p.RatePerSecond),
+		"rate_burst", RateBurst(p.RatePerSecond),
+		"open_until_ms", millis(p.OpenUntil),
+		"backoff_base_ms", p.Backoff.Base.Milliseconds(),
+		"backoff_max_ms", p.Backoff.Max.Milliseconds(),
+		"jitter", string(p.Backoff.Jitter),
+		"budget_ratio_ppm", retry.RatioPPM(p.Budget.Ratio),
+		"budget_min_retries", p.Budget.MinRetries,
+		"budget_window_s", seconds(p.Budget.Window),
+		"breaker_window_s", seconds(p.BreakerWindow),
+		"stats_retention_s", seconds(StatsRetention(p)),
+		"ctrl_breaker_since_ms", millis(p.BreakerSince),
+		"ctrl_ramp_step", p.RampStep,
+		"ctrl_ramp_step_started_ms", millis(p.RampStepStarted),
+	}
+	res, err := publishScript.Run(ctx, c.rdb, c.publishKeys, args...).Slice()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("failed to publish the state of %s: %w", c.dep, err)
+	}
+	ok, err := intAt(res, 0)
+	if err != nil {
+		return time.Time{}, err
+	}
+	v, err := intAt(res, 1)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if ok != 1 {
+		return time.Time{}, fmt.Errorf("%s at epoch %d, publishing %d: %w", c.dep, v, p.Epoch, ErrStaleEpoch)
+	}
+	return time.UnixMilli(v), nil
+}
+
+// ReadPublished reads the state the controller last wrote. The boolean is
+// false when there is none.
+func (c *Client) ReadPublished(ctx context.Context) (Published, bool, error) {
+	m, err := c.rdb.HGetAll(ctx, c.keys.State).Result()
+	if err != nil {
+		return Published{}, false, fmt.Errorf("failed to read the state of %s: %w", c.dep, err)
+	}
+	if len(m) == 0 {
+		return Published{}, false, nil
+	}
+	if m["version"] != strconv.Itoa(Version) {
+		return Published{}, false, fmt.Errorf("%s: %w", c.dep, ErrVersion)
+	}
+	num := func(f string) int64 {
+		n, _ := strconv.ParseInt(m[f], 10, 64)
+		return n
+	}
+	ms := func(f string) time.Duration { return time.Duration(num(f)) * time.Millisecond }
+	s := func(f string) time.Duration { return time.Duration(num(f)) * time.Second }
+	return Published{
+		State:         State(m["state"]),
+		Limit:         num("limit"),
+		Capacity:      num("capacity"),
+		RatePerSecond: num("rate"),
+		Epoch:         num("epoch"),
+		OpenUntil:     fromMillis(num("open_until_ms")),
+		Backoff: retry.Backoff{
+			Base:   ms("backoff_base_ms"),
+			Max:    ms("backoff_max_ms"),
+			Jitter: retry.Jitter(m["jitter"]),
+		},
+		Budget: retry.Budget{
+			Ratio:      float64(num("budget_ratio_ppm")) / 1e6,
+			MinRetries: num("budget_min_retries"),
+			Window:     s("budget_window_s"),
+		},
+		BreakerWindow:   s("breaker_window_s"),
+		BreakerSince:    fromMillis(num("ctrl_breaker_since_ms")),
+		RampStep:        int(num("ctrl_ramp_step")),
+		RampStepStarted: fromMillis(num("ctrl_ramp_step_started_ms")),
+		UpdatedAt:       fromMillis(num("updated_at_ms")),
+	}, true, nil
+}
+
+// Window is what workers reported over a window.
+type Window struct {
+	Calls     int64
+	Successes int64
+	Failures  int64
+	Timeouts  int64
+	// ByAttempt counts calls by attempt number: 1, 2, 3, and 4 or more.
+	ByAttempt [4]int64
+	// RetriesGranted and BudgetRefused are the retry budget's decisions.
+	RetriesGranted int64
+	BudgetRefused  int64
+}
+
+// Retries is the number of calls that were retries (attempt 2 or more).
+func (w Window) Retries() int64 { return w.Calls - w.ByAttempt[0] }
+
+// Probes are the outcomes of the current HalfOpen epoch's probe calls.
+type Probes struct {
+	Successes, Failures, Timeouts int64
+}
+
+// ReadWindow sums the per-second counters over the last length (whole seconds),
+// counting only seconds after from when from is set, and reads the probe
+// outcomes. It also returns Redis's time.
+func (c *Client) ReadWindow(ctx context.Context, length time.Duration, from time.Time) (Window, Probes, time.Time, error) {
+	var fromS int64
+	if !from.IsZero() {
+		fromS = from.Unix()
+	}
+	res, err := windowScript.Run(ctx, c.rdb, c.windowKeys, seconds(length), fromS).Int64Slice()
+	if err != nil {
+		return Window{}, Probes{}, time.Time{}, fmt.Errorf("failed to read the window of %s: %w", c.dep, err)
+	}
+	if len(res) != 14 {
+		return Window{}, Probes{}, time.Time{}, fmt.Errorf("unexpected window reply %v", res)
+	}
+	w := Window{
+		Calls:          res[1],
+		Successes:      res[2],
+		Failures:       res[3],
+		Timeouts:       res[4],
+		ByAttempt:      [4]int64{res[5], res[6], res[7], res[8]},
+		RetriesGranted: res[9],
+		BudgetRefused:  res[10],
+	}
+	p := Probes{Successes: res[11], Failures: res[12], Timeouts: res[13]}
+	return w, p, time.UnixMilli(res[0]), nil
+}

@@ -1,0 +1,213 @@
+package protocol_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/retry"
+)
+
+func TestPublishReadPublishedRoundTrip(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+
+		if _, ok, err := c.ReadPublished(ctx); err != nil || ok {
+			t.Fatalf("ReadPublished before any publish = ok %v, err %v; want false, nil", ok, err)
+		}
+
+		base := time.UnixMilli(time.Now().UnixMilli())
+		want := protocol.Published{
+			State:         protocol.Ramping,
+			Limit:         17,
+			Capacity:      40,
+			RatePerSecond: 333,
+			Epoch:         7,
+			OpenUntil:     base.Add(1500 * time.Millisecond),
+			Backoff:       retry.Backoff{Base: 150 * time.Millisecond, Max: 20 * time.Second, Jitter: retry.JitterEqual},
+			Budget:        retry.Budget{Ratio: 0.2, MinRetries: 12, Window: 90 * time.Second},
+			BreakerWindow: 45 * time.Second,
+			BreakerSince:  base.Add(-time.Minute),
+			RampStep:      3,
+
+			RampStepStarted: base.Add(-7 * time.Second),
+		}
+		at, err := c.Publish(ctx, want)
+		if err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+		if d := time.Since(at); d < -time.Second || d > 5*time.Second {
+			t.Errorf("Publish returned Redis time %v, %v from the local clock", at, d)
+		}
+		got, ok, err := c.ReadPublished(ctx)
+		if err != nil || !ok {
+			t.Fatalf("ReadPublished = ok %v, err %v", ok, err)
+		}
+		if !got.UpdatedAt.Equal(at) {
+			t.Errorf("UpdatedAt = %v, want the publish time %v", got.UpdatedAt, at)
+		}
+		got.UpdatedAt = time.Time{}
+		checkPublished(t, got, want)
+
+		// The raw hash holds the derived fields workers read, with the units
+		// the contract states.
+		m, err := rdb.HGetAll(ctx, c.Keys().State).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for field, v := range map[string]string{
+			"version":          "1",
+			"epoch":            "7",
+			"state":            "Ramping",
+			"rate_interval_us": "3004", // ceil(1e6/333)
+			"rate_burst":       "33",
+			"budget_ratio_ppm": "200000",
+			"budget_window_s":  "90",
+			"breaker_window_s": "45",
+			// max(45s, 90s) + 1m
+			"stats_retention_s": "150",
+		} {
+			if m[field] != v {
+				t.Errorf("state field %s = %q, want %q", field, m[field], v)
+			}
+		}
+		if len(m) != 21 {
+			t.Errorf("state hash has %d fields, want 21: %v", len(m), m)
+		}
+
+		// Zero times and rates survive as zero.
+		zero := policy(5)
+		zero.Epoch = 8
+		mustPublish(t, c, zero)
+		got, _, err = c.ReadPublished(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.UpdatedAt = time.Time{}
+		checkPublished(t, got, zero)
+	})
+}
+
+func checkPublished(t *testing.T, got, want protocol.Published) {
+	t.Helper()
+	eqTime := func(name string, g, w time.Time) {
+		if !g.Equal(w) {
+			t.Errorf("%s = %v, want %v", name, g, w)
+		}
+	}
+	eqTime("OpenUntil", got.OpenUntil, want.OpenUntil)
+	eqTime("BreakerSince", got.BreakerSince, want.BreakerSince)
+	eqTime("RampStepStarted", got.RampStepStarted, want.RampStepStarted)
+	eqTime("UpdatedAt", got.UpdatedAt, want.UpdatedAt)
+	got.OpenUntil, got.BreakerSince, got.RampStepStarted, got.UpdatedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	want.OpenUntil, want.BreakerSince, want.RampStepStarted, want.UpdatedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	if got != want {
+		t.Errorf("ReadPublished =\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+func TestPublishEpochFencing(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		p := policy(10)
+		p.Epoch = 5
+		mustPublish(t, c, p)
+
+		// The same epoch may be rewritten (a parameter change without a
+		// transition).
+		p.Limit = 8
+		mustPublish(t, c, p)
+
+		stale := p
+		stale.Epoch = 4
+		stale.Limit = 99
+		if _, err := c.Publish(ctx, stale); !errors.Is(err, protocol.ErrStaleEpoch) {
+			t.Fatalf("Publish with a lower epoch: err = %v, want ErrStaleEpoch", err)
+		}
+		got, _, err := c.ReadPublished(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Epoch != 5 || got.Limit != 8 {
+			t.Errorf("after a refused publish: epoch %d limit %d, want 5 and 8", got.Epoch, got.Limit)
+		}
+	})
+}
+
+func TestPublishNewEpochClearsProbes(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		p := policy(3)
+		p.State = protocol.HalfOpen
+		p.Epoch = 2
+		mustPublish(t, c, p)
+		for _, o := range []protocol.Outcome{protocol.Success, protocol.Failure, protocol.Timeout, protocol.Success} {
+			mustRelease(t, c, mustAdmit(t, c, 10*time.Second), o, 1)
+		}
+		_, pr := mustWindow(t, c, time.Minute, time.Time{})
+		if pr != (protocol.Probes{Successes: 2, Failures: 1, Timeouts: 1}) {
+			t.Fatalf("probes = %+v, want 2/1/1", pr)
+		}
+
+		// Same epoch: kept.
+		mustPublish(t, c, p)
+		if _, pr = mustWindow(t, c, time.Minute, time.Time{}); pr.Successes != 2 {
+			t.Errorf("probes after republishing the same epoch = %+v, want kept", pr)
+		}
+		// New epoch: cleared.
+		p.Epoch = 3
+		mustPublish(t, c, p)
+		if _, pr = mustWindow(t, c, time.Minute, time.Time{}); pr != (protocol.Probes{}) {
+			t.Errorf("probes after a new epoch = %+v, want zero", pr)
+		}
+	})
+}
+
+func TestNoPolicy(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		if _, err := c.Acquire(ctx, protocol.AcquireArgs{LeaseID: "x", TTL: time.Second}); !errors.Is(err, protocol.ErrNoPolicy) {
+			t.Errorf("Acquire without a policy: err = %v, want ErrNoPolicy", err)
+		}
+		if _, err := c.RetryBudget(ctx); !errors.Is(err, protocol.ErrNoPolicy) {
+			t.Errorf("RetryBudget without a policy: err = %v, want ErrNoPolicy", err)
+		}
+		if n, err := rdb.Exists(ctx, c.Keys().Leases, c.Keys().GCRA, c.Keys().Stats).Result(); err != nil || n != 0 {
+			t.Errorf("keys written without a policy: %d (err %v), want none", n, err)
+		}
+	})
+}
+
+func TestVersionMismatch(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		mustPublish(t, c, policy(10))
+		if err := rdb.HSet(ctx, c.Keys().State, "version", "2").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Acquire(ctx, protocol.AcquireArgs{LeaseID: "x", TTL: time.Second}); !errors.Is(err, protocol.ErrVersion) {
+			t.Errorf("Acquire: err = %v, want ErrVersion", err)
+		}
+		if _, err := c.RetryBudget(ctx); !errors.Is(err, protocol.ErrVersion) {
+			t.Errorf("RetryBudget: err = %v, want ErrVersion", err)
+		}
+		if _, _, err := c.ReadPublished(ctx); !errors.Is(err, protocol.ErrVersion) {
+			t.Errorf("ReadPublished: err = %v, want ErrVersion", err)
+		}
+		if n, _ := rdb.ZCard(ctx, c.Keys().Leases).Result(); n != 0 {
+			t.Errorf("a refused acquisition left %d leases", n)
+		}
+	})
+}

