@@ -12,22 +12,25 @@ import (
 
 // Permit is one admitted call. Call Done exactly once, with the call's error.
 type Permit struct {
-	g       *Guard
-	job     Job
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
-	member  string
-	epoch   int64
-	limit   int64
-	local   bool
-	renewer *time.Timer
+	g          *Guard
+	job        Job
+	ctx        context.Context
+	cancel     context.CancelCauseFunc
+	member     string
+	probeEpoch int64
+	limit      int64
+	local      bool
+	renewer    *time.Timer
 
 	mu   sync.Mutex
 	done bool
 }
 
 func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission) *Permit {
-	p := &Permit{g: g, job: job, member: adm.Member, epoch: adm.Epoch, limit: adm.Limit}
+	p := &Permit{g: g, job: job, member: adm.Member, limit: adm.Limit}
+	if adm.State == protocol.HalfOpen {
+		p.probeEpoch = adm.Epoch // only probes are checked against the epoch
+	}
 	p.ctx, p.cancel = context.WithCancelCause(withAttempt(ctx, job.attempt()))
 	p.renewer = time.AfterFunc(g.opts.LeaseTTL/3, p.renew)
 	return p
@@ -100,7 +103,7 @@ func (p *Permit) Done(callErr error) error {
 		// The release outlives the caller's context: a cancelled call still
 		// frees its slot and reports.
 		ctx, cancel := g.redisContext(context.WithoutCancel(p.ctx))
-		_, err := g.proto.Release(ctx, p.member, p.epoch, outcome, p.job.attempt())
+		_, err := g.proto.Release(ctx, p.member, p.probeEpoch, outcome, p.job.attempt())
 		cancel()
 		if err != nil {
 			g.metrics.redisErrors.Inc()

@@ -45,7 +45,7 @@ func NewClient(rdb redis.UniversalClient, d Dependency) (*Client, error) {
 		releaseKeys: []string{k.State, k.Leases, k.Stats, k.Probes},
 		renewKeys:   []string{k.Leases},
 		budgetKeys:  []string{k.State, k.Stats},
-		windowKeys:  []string{k.Stats, k.Probes},
+		windowKeys:  []string{k.State, k.Stats, k.Probes},
 		publishKeys: []string{k.State, k.Probes},
 	}, nil
 }
@@ -117,6 +117,8 @@ type Admission struct {
 	Held int64
 	// Member is the lease's member in the leases sorted set.
 	Member string
+	// State is the state that admitted the call.
+	State State
 	// Wait is a hint for when to ask again (see Code).
 	Wait time.Duration
 	// Newest is the newest known version of a superseded job.
@@ -160,7 +162,8 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 		epoch, _ := intAt(res, 1)
 		limit, _ := intAt(res, 2)
 		member, _ := res[3].(string)
-		return Admission{Code: Admitted, Epoch: epoch, Limit: limit, Member: member}, nil
+		state, _ := res[4].(string)
+		return Admission{Code: Admitted, Epoch: epoch, Limit: limit, Member: member, State: State(state)}, nil
 	case 1:
 		wait, _ := intAt(res, 1)
 		return Admission{Code: RefusedOpen, Wait: time.Duration(wait) * time.Millisecond}, nil
@@ -197,8 +200,11 @@ func (c *Client) Renew(ctx context.Context, member string, ttl time.Duration) (b
 }
 
 // Release frees the lease member (empty for a call admitted without one) and
-// reports the call's outcome and attempt number, in one round trip. It returns
-// whether the lease was still held.
+// reports the call's outcome and attempt number, in one round trip. epoch is
+// the epoch that admitted the call; its outcome counts as a probe when that
+// epoch is the current one and the state is HalfOpen. Pass 0 for a call not
+// admitted HalfOpen to spare the script that check. It returns whether the
+// lease was still held.
 func (c *Client) Release(ctx context.Context, member string, epoch int64, outcome Outcome, attempt int) (bool, error) {
 	if !outcome.Valid() {
 		return false, fmt.Errorf("outcome must be s, f or t, got %q", outcome)

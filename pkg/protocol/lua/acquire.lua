@@ -1,7 +1,7 @@
 -- acquire: admit one call, or say why not.
 -- KEYS[1] state  KEYS[2] leases  KEYS[3] gcra  [KEYS[4] job]
 -- ARGV[1] lease id  ARGV[2] lease ttl ms  [ARGV[3] job version  ARGV[4] job ttl ms]
--- Returns {code, ...}: 0 admitted {0, epoch, limit, member}; 1 open {1, ms until
+-- Returns {code, ...}: 0 admitted {0, epoch, limit, member, state}; 1 open {1, ms until
 -- probes}; 2 throttled {2, ms until the first lease expires, held, limit};
 -- 3 rate {3, ms to wait}; 4 superseded {4, newest version};
 -- 5 no policy {5}; 6 protocol version mismatch {6, version}.
@@ -44,13 +44,9 @@ if interval > 0 then
   redis.call('SET', KEYS[3], int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
 end
 
-local ttl = tonumber(ARGV[2])
 local member = st[4] .. ':' .. ARGV[1]
-redis.call('ZADD', KEYS[2], int(now_ms + ttl), member)
-if redis.call('PTTL', KEYS[2]) < ttl + 60000 then
-  redis.call('PEXPIRE', KEYS[2], int(ttl + 60000))
-end
+redis.call('ZADD', KEYS[2], int(now_ms + tonumber(ARGV[2])), member)
 if KEYS[4] then
   redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[4])
 end
-return {0, tonumber(st[4]), limit, member}
+return {0, tonumber(st[4]), limit, member, st[2]}

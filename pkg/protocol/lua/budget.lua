@@ -10,8 +10,8 @@ if not st[1] then return {-5} end
 if st[1] ~= '1' then return {-6} end
 local now_s = math.floor(now_us() / 1000000)
 local window = math.floor(tonumber(st[4]))
-local totals = sum(KEYS[2], now_s - window, now_s, {'c', 'g'})
-local calls, granted = totals[1], totals[2]
+local totals = sum(KEYS[2], now_s - window, now_s, {'s', 'f', 't', 'g'})
+local calls, granted = totals[1] + totals[2] + totals[3], totals[4]
 local ratio_ppm = math.floor(tonumber(st[2]))
 local min_retries = math.floor(tonumber(st[3]))
 local allowed = granted * 1000000 < math.max(min_retries * 1000000, ratio_ppm * calls)
@@ -21,7 +21,6 @@ if allowed then
 else
   redis.call('HINCRBY', KEYS[2], p .. 'b', 1)
 end
-local retention = math.floor(tonumber(st[8]) or 3660)
-prune(KEYS[2], now_s, retention)
-redis.call('EXPIRE', KEYS[2], int(retention + 60))
+prune(KEYS[2], now_s, math.floor(tonumber(st[8]) or 3660))
+redis.call('EXPIRE', KEYS[2], 3720)
 return {allowed and 1 or 0, tonumber(st[5]), tonumber(st[6]), st[7], calls, granted}

@@ -1,9 +1,8 @@
 -- Shared by every Spillway script (protocol v1). Redis runs Lua 5.1, whose
 -- numbers are doubles: integers are exact below 2^53, and tostring() keeps only
 -- 14 significant digits, so every number written back to Redis goes through
--- int(), never through implicit conversion.
-
-local SUFFIXES = {'c', 's', 'f', 't', 'a1', 'a2', 'a3', 'a4', 'g', 'b'}
+-- int(), never through implicit conversion. Top-level code here only defines
+-- functions: it runs on every call, so it must cost nothing.
 
 local function int(n)
   return string.format('%d', n)
@@ -14,7 +13,14 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- Deletes the buckets of seconds that fell out of the retention, at most 16
+-- The per-second counters: successes, failures, timeouts, calls by attempt
+-- (1, 2, 3, 4 or more), retries granted and refused by the budget. Calls are
+-- s + f + t.
+local function suffixes()
+  return {'s', 'f', 't', 'a1', 'a2', 'a3', 'a4', 'g', 'b'}
+end
+
+-- Deletes the counters of seconds that fell out of the retention, at most 16
 -- seconds' worth per call, and moves the cursor kept in the field 'pruned'.
 local function prune(stats, now_s, retention)
   local target = now_s - retention
@@ -24,25 +30,25 @@ local function prune(stats, now_s, retention)
   local upto = math.min(target, cursor + 16)
   local fields = {}
   for s = cursor + 1, upto do
-    for _, f in ipairs(SUFFIXES) do fields[#fields + 1] = int(s) .. ':' .. f end
+    for _, f in ipairs(suffixes()) do fields[#fields + 1] = int(s) .. ':' .. f end
   end
   redis.call('HDEL', stats, unpack(fields))
   redis.call('HSET', stats, 'pruned', int(upto))
 end
 
--- Sums the buckets named by suffixes over the seconds (from_s, to_s].
-local function sum(stats, from_s, to_s, suffixes)
+-- Sums the counters named by names over the seconds (from_s, to_s].
+local function sum(stats, from_s, to_s, names)
   local totals = {}
-  for i = 1, #suffixes do totals[i] = 0 end
+  for i = 1, #names do totals[i] = 0 end
   if to_s <= from_s then return totals end
   local fields = {}
   for s = from_s + 1, to_s do
-    for _, f in ipairs(suffixes) do fields[#fields + 1] = int(s) .. ':' .. f end
+    for _, f in ipairs(names) do fields[#fields + 1] = int(s) .. ':' .. f end
   end
   local values = redis.call('HMGET', stats, unpack(fields))
   for i, v in ipairs(values) do
     if v then
-      local k = (i - 1) % #suffixes + 1
+      local k = (i - 1) % #names + 1
       totals[k] = totals[k] + tonumber(v)
     end
   end

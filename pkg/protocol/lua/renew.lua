@@ -7,9 +7,5 @@ if not expiry or tonumber(expiry) <= now_ms then
   redis.call('ZREM', KEYS[1], ARGV[1])
   return 0
 end
-local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], 'XX', int(now_ms + ttl), ARGV[1])
-if redis.call('PTTL', KEYS[1]) < ttl + 60000 then
-  redis.call('PEXPIRE', KEYS[1], int(ttl + 60000))
-end
+redis.call('ZADD', KEYS[1], 'XX', int(now_ms + tonumber(ARGV[2])), ARGV[1])
 return 1
