@@ -1,0 +1,62 @@
+package shed_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/spillway-dev/spillway/pkg/shed"
+)
+
+func Example() {
+	s, err := shed.New(shed.Options{
+		MaxInFlight:  100,                         // the service's safe concurrency
+		QueueSize:    20,                          // a short queue absorbs bursts
+		QueueTimeout: 200 * time.Millisecond,      // ... but never holds work for long
+		DefaultQuota: 1,                           // each API key: one request at a time
+		Rand:         rand.New(rand.NewPCG(1, 2)), // seeded here only to make the output stable
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	handler := s.Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "rendered")
+	}))
+
+	serve := func(key string, headers ...string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodGet, "/render", nil)
+		r.Header.Set(shed.DefaultCallerHeader, key)
+		for i := 0; i+1 < len(headers); i += 2 {
+			r.Header.Set(headers[i], headers[i+1])
+		}
+		w := httptest.NewRecorder()
+		handler.ServeHTTP(w, r)
+		return w
+	}
+
+	// A first attempt within quota is served.
+	fmt.Println(serve("team-a", shed.AttemptHeader, "1").Code)
+
+	// A retry whose caller has already given up is dropped before any work.
+	expired := time.Now().Add(-time.Second).UTC().Format(time.RFC3339Nano)
+	fmt.Println(serve("team-a", shed.AttemptHeader, "2", shed.DeadlineHeader, expired).Code)
+
+	// While team-b has its one request in flight, its next one gets 429 and
+	// a randomized Retry-After.
+	ticket, err := s.Admit(context.Background(), shed.Request{Caller: "team-b", Attempt: 1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	w := serve("team-b")
+	fmt.Println(w.Code, w.Header().Get("Retry-After") != "")
+	ticket.Release()
+
+	// Output:
+	// 200
+	// 504
+	// 429 true
+}

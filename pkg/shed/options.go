@@ -1,0 +1,186 @@
+package shed
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/spillway-dev/spillway/internal/ramp"
+)
+
+// Wire contract: the names a caller uses to tell the service about a request.
+const (
+	// AttemptHeader is the HTTP header carrying the attempt number of a
+	// request as a decimal integer: 1 for the first attempt, 2 for the first
+	// retry, and so on. A missing header means attempt 1.
+	AttemptHeader = "Spillway-Attempt"
+	// DeadlineHeader is the HTTP header carrying the caller's absolute
+	// deadline in RFC 3339 with sub-second precision (time.RFC3339Nano),
+	// normally in UTC. A missing header means no deadline.
+	DeadlineHeader = "Spillway-Deadline"
+	// DefaultCallerHeader is the default HTTP header naming the caller; over
+	// gRPC the same name in lower case (x-api-key) is the metadata key.
+	DefaultCallerHeader = "X-Api-Key"
+	// PreviousAttemptsMetadata is gRPC's standard metadata key counting the
+	// attempts made before this one; the attempt number is its value + 1.
+	PreviousAttemptsMetadata = "grpc-previous-rpc-attempts"
+	// RetryAfterMetadata is the gRPC trailer metadata key carrying the
+	// randomized retry delay in whole seconds, the gRPC counterpart of the
+	// HTTP Retry-After header.
+	RetryAfterMetadata = "retry-after"
+	// PushbackMetadata is gRPC's standard server pushback trailer key: the
+	// same retry delay in milliseconds, honoured by grpc-go's retry policy.
+	PushbackMetadata = "grpc-retry-pushback-ms"
+)
+
+// Defaults applied by New to zero-valued Options fields.
+const (
+	DefaultRetryAfterMin = time.Second
+	DefaultRetryAfterMax = 10 * time.Second
+)
+
+// Rand is a source of uniform floats in [0, 1). *math/rand/v2.Rand and
+// *math/rand.Rand satisfy it. A Shedder serialises its calls, so a Rand that
+// is not safe for concurrent use is fine.
+type Rand interface {
+	Float64() float64
+}
+
+// Options configures a Shedder. Only MaxInFlight is required.
+type Options struct {
+	// MaxInFlight is the most requests admitted at once; >= 1.
+	MaxInFlight int64
+	// QueueSize is how many requests may wait for a slot when all
+	// MaxInFlight are taken; >= 0. 0, the default, rejects at once.
+	QueueSize int
+	// QueueTimeout is the longest a request waits in the queue; > 0 when
+	// QueueSize > 0. A request's own deadline, if sooner, ends the wait too.
+	QueueTimeout time.Duration
+
+	// RetryAfterMin and RetryAfterMax bound the Retry-After sent with 503
+	// and 429, drawn uniformly in whole seconds from the closed range. Both
+	// must be whole seconds, RetryAfterMin >= 1s and RetryAfterMin <=
+	// RetryAfterMax. Defaults 1s and 10s.
+	RetryAfterMin time.Duration
+	RetryAfterMax time.Duration
+
+	// CallerHeader names the HTTP header carrying the caller's API key; its
+	// lower-case form is the gRPC metadata key. Default X-Api-Key.
+	CallerHeader string
+	// DefaultQuota is the most requests one caller may have admitted or
+	// queued at once; >= 0. 0, the default, gives callers no quota of their
+	// own: only MaxInFlight bounds them, and no per-caller state is kept.
+	DefaultQuota int64
+	// Quotas overrides DefaultQuota for the listed API keys; every value
+	// >= 1. The empty key is the anonymous caller: all requests without a
+	// key share it.
+	Quotas map[string]int64
+
+	// Ramp, if set, is a slow start after the Shedder is created (or
+	// RestartRamp is called): the effective limit is
+	// min(MaxInFlight, current step). Every step must be <= MaxInFlight.
+	Ramp *ramp.Schedule
+	// Clock drives the ramp and the amplification-ratio window; nil means
+	// the system clock. Deadlines are always compared with the system clock,
+	// since they are applied to real contexts.
+	Clock ramp.Clock
+	// Rand draws Retry-After values; nil means math/rand/v2's global source.
+	// Seed one for reproducible tests.
+	Rand Rand
+	// Registerer receives the spillway_service_ metrics; nil means no
+	// metrics.
+	Registerer prometheus.Registerer
+}
+
+// withDefaults returns o with zero-valued optional fields set to defaults.
+func (o Options) withDefaults() Options {
+	if o.RetryAfterMin == 0 {
+		o.RetryAfterMin = DefaultRetryAfterMin
+	}
+	if o.RetryAfterMax == 0 {
+		o.RetryAfterMax = DefaultRetryAfterMax
+	}
+	if o.CallerHeader == "" {
+		o.CallerHeader = DefaultCallerHeader
+	}
+	return o
+}
+
+// Validate returns an error naming the first invalid field, or nil. Zero
+// optional fields are checked with their defaults, as New applies them.
+func (o Options) Validate() error {
+	o = o.withDefaults()
+	for _, check := range []func() error{o.validateLimits, o.validateRetryAfter, o.validateQuotas} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	if o.Ramp != nil {
+		if err := o.Ramp.Validate(o.MaxInFlight); err != nil {
+			return fmt.Errorf("ramp: %w", err)
+		}
+	}
+	return nil
+}
+
+func (o Options) validateLimits() error {
+	switch {
+	case o.MaxInFlight < 1:
+		return fmt.Errorf("maxInFlight must be >= 1, got %d", o.MaxInFlight)
+	case o.QueueSize < 0:
+		return fmt.Errorf("queueSize must be >= 0, got %d", o.QueueSize)
+	case o.QueueTimeout < 0:
+		return fmt.Errorf("queueTimeout must be >= 0, got %v", o.QueueTimeout)
+	case o.QueueSize > 0 && o.QueueTimeout == 0:
+		return fmt.Errorf("queueTimeout must be > 0 when queueSize is %d", o.QueueSize)
+	}
+	return nil
+}
+
+func (o Options) validateRetryAfter() error {
+	switch {
+	case o.RetryAfterMin < time.Second:
+		return fmt.Errorf("retryAfterMin must be >= 1s, got %v", o.RetryAfterMin)
+	case o.RetryAfterMin%time.Second != 0:
+		return fmt.Errorf("retryAfterMin must be a whole number of seconds, got %v", o.RetryAfterMin)
+	case o.RetryAfterMax%time.Second != 0:
+		return fmt.Errorf("retryAfterMax must be a whole number of seconds, got %v", o.RetryAfterMax)
+	case o.RetryAfterMax < o.RetryAfterMin:
+		return fmt.Errorf("retryAfterMax must be >= retryAfterMin (%v), got %v", o.RetryAfterMin, o.RetryAfterMax)
+	}
+	return nil
+}
+
+func (o Options) validateQuotas() error {
+	if !validToken(o.CallerHeader) {
+		return fmt.Errorf("callerHeader must be an HTTP header name, got %q", o.CallerHeader)
+	}
+	if o.DefaultQuota < 0 {
+		return fmt.Errorf("defaultQuota must be >= 0, got %d", o.DefaultQuota)
+	}
+	for _, q := range o.Quotas {
+		if q < 1 {
+			// The key is an API key: keep it out of error messages and logs.
+			return fmt.Errorf("quotas must all be >= 1, got %d for one key", q)
+		}
+	}
+	return nil
+}
+
+// validToken reports whether s is a non-empty RFC 9110 token, the syntax of
+// a header name.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		isAlnum := c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		if !isAlnum && !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return true
+}
