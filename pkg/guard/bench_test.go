@@ -5,8 +5,8 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 

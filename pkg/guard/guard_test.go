@@ -543,37 +543,11 @@ func TestMetricsByOutcomeAndAttempt(t *testing.T) {
 	}
 }
 
-// counter finds one series of a counter in reg by its labels (dependency is
-// always dep).
+// counter finds one series of a worker metric in reg by its labels; the
+// dependency label is always dep.
 func counter(t *testing.T, reg *prometheus.Registry, name string, labels ...string) prometheus.Collector {
 	t.Helper()
-	want := map[string]string{"dependency": dep}
-	for i := 0; i+1 < len(labels); i += 2 {
-		want[labels[i]] = labels[i+1]
-	}
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range f.GetMetric() {
-			got := map[string]string{}
-			for _, l := range m.GetLabel() {
-				got[l.GetName()] = l.GetValue()
-			}
-			for k, v := range want {
-				if got[k] != v {
-					continue series
-				}
-			}
-			return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x", Help: "x"}, func() float64 { return m.GetCounter().GetValue() })
-		}
-	}
-	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x", Help: "x"}, func() float64 { return 0 })
+	return metricVec(t, reg, name, append([]string{"dependency", dep}, labels...)...)
 }
 
 // commandCalls parses INFO commandstats into calls per command.
