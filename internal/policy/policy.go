@@ -80,11 +80,6 @@ func FromSpec(spec spillwayv1alpha1.DependencyPolicySpec) (Params, error) {
 	if err := p.Backoff.Validate(); err != nil {
 		return Params{}, fmt.Errorf("backoff: %w", err)
 	}
-	switch p.Backoff.Jitter {
-	case retry.JitterFull, retry.JitterEqual, retry.JitterNone:
-	default:
-		return Params{}, fmt.Errorf("backoff.jitter must be Full, Equal or None, got %q", p.Backoff.Jitter)
-	}
 	if p.Budget.Ratio <= 0 {
 		return Params{}, fmt.Errorf("retryBudget.ratio must be in (0, 1], got %v", p.Budget.Ratio)
 	}
