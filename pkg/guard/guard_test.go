@@ -582,3 +582,29 @@ func TestWorkerLibraryIsLean(t *testing.T) {
 		}
 	}
 }
+
+func TestFleetRateLimit(t *testing.T) {
+	g := NewWithT(t)
+	rdb := fastClient(redistest.Start(t))
+	p := defaultPublished(50)
+	p.RatePerSecond = 20 // burst 2
+	publish(t, rdb, p)
+
+	refusing := newGuard(t, rdb, guard.Options{})
+	admitted := 0
+	var err error
+	for ; err == nil; admitted++ {
+		err = refusing.Do(t.Context(), guard.Job{}, ok)
+	}
+	after := wantDecision(t, err, guard.ActionDefer, guard.ErrRateLimited)
+	g.Expect(admitted-1).To(Equal(2), "the burst")
+	g.Expect(after).To(BeNumerically(">", 0))
+	g.Expect(after).To(BeNumerically("<=", 50*time.Millisecond))
+
+	waiting := newGuard(t, rdb, guard.Options{WaitForSlot: true})
+	start := time.Now()
+	for range 20 {
+		g.Expect(waiting.Do(t.Context(), guard.Job{}, ok)).To(Succeed())
+	}
+	g.Expect(time.Since(start)).To(BeNumerically(">=", 900*time.Millisecond), "20 calls at 20/s take about a second")
+}
