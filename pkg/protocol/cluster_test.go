@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
@@ -131,7 +130,7 @@ func TestClusterDependenciesIndependent(t *testing.T) {
 		owner := nodeOf(keySlot(c.Keys().State))
 		for i, n := range nodes {
 			direct := n.Client()
-			for _, k := range []string{c.Keys().State, c.Keys().Leases, c.Keys().Stats} {
+			for _, k := range []string{c.Keys().State, c.Keys().Stats} {
 				got, err := direct.Exists(ctx, k).Result()
 				if i == owner && (err != nil || got != 1) {
 					t.Errorf("EXISTS %s on its master = %d, %v", k, got, err)

@@ -23,7 +23,8 @@ import (
 )
 
 // Version is the protocol version. It is part of every key and stored in the
-// state hash; a script that finds another version refuses to act.
+// state hash; acquire and budget, the scripts that act on the policy, refuse
+// another version.
 const Version = 1
 
 // KeyPrefix starts every key of this protocol version.

@@ -26,7 +26,19 @@ local function prune(stats, now_s, retention)
   local target = now_s - retention
   local cursor = tonumber(redis.call('HGET', stats, 'pruned')) or (target - 1)
   if cursor >= target then return end
-  if cursor < target - 3600 then cursor = target - 3600 end
+  if cursor < target - 3600 then
+    -- Far behind (nobody pruned for an hour): sweep the hash once.
+    local old = {}
+    for _, f in ipairs(redis.call('HKEYS', stats)) do
+      local s = tonumber(string.match(f, '^(%d+):'))
+      if s and s <= target then old[#old + 1] = f end
+    end
+    for i = 1, #old, 4000 do
+      redis.call('HDEL', stats, unpack(old, i, math.min(i + 3999, #old)))
+    end
+    redis.call('HSET', stats, 'pruned', int(target))
+    return
+  end
   local upto = math.min(target, cursor + 16)
   local fields = {}
   for s = cursor + 1, upto do
@@ -36,21 +48,26 @@ local function prune(stats, now_s, retention)
   redis.call('HSET', stats, 'pruned', int(upto))
 end
 
--- Sums the counters named by names over the seconds (from_s, to_s].
+-- Sums the counters named by names over the seconds (from_s, to_s], reading
+-- 500 seconds at a time: unpack() takes at most about 8000 values.
 local function sum(stats, from_s, to_s, names)
   local totals = {}
   for i = 1, #names do totals[i] = 0 end
-  if to_s <= from_s then return totals end
-  local fields = {}
-  for s = from_s + 1, to_s do
-    for _, f in ipairs(names) do fields[#fields + 1] = int(s) .. ':' .. f end
-  end
-  local values = redis.call('HMGET', stats, unpack(fields))
-  for i, v in ipairs(values) do
-    if v then
-      local k = (i - 1) % #names + 1
-      totals[k] = totals[k] + tonumber(v)
+  local s = from_s + 1
+  while s <= to_s do
+    local upto = math.min(to_s, s + 499)
+    local fields = {}
+    for t = s, upto do
+      for _, f in ipairs(names) do fields[#fields + 1] = int(t) .. ':' .. f end
     end
+    local values = redis.call('HMGET', stats, unpack(fields))
+    for i, v in ipairs(values) do
+      if v then
+        local k = (i - 1) % #names + 1
+        totals[k] = totals[k] + tonumber(v)
+      end
+    end
+    s = upto + 1
   end
   return totals
 end

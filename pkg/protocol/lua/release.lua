@@ -4,9 +4,16 @@
 -- s|f|t  ARGV[3] attempt (>= 1)  ARGV[4] the epoch that admitted the call, or
 -- 0 when it was not admitted HalfOpen (only probes need the check)
 -- Returns 1 when the lease was still held, 0 when it had expired.
+local now = now_us()
 local held = 0
-if ARGV[1] ~= '' then held = redis.call('ZREM', KEYS[2], ARGV[1]) end
-local now_s = math.floor(now_us() / 1000000)
+if ARGV[1] ~= '' then
+  local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
+  if expiry then
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    if tonumber(expiry) > math.floor(now / 1000) then held = 1 end
+  end
+end
+local now_s = math.floor(now / 1000000)
 local attempt = math.floor(tonumber(ARGV[3]))
 if attempt > 4 then attempt = 4 end
 if attempt < 1 then attempt = 1 end
