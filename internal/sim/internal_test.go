@@ -1,0 +1,182 @@
+package sim
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/policy"
+)
+
+func TestDelayQueueOrder(t *testing.T) {
+	d := newDelayQueue(100)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	var want []time.Duration
+	for i := range 2000 {
+		at := time.Duration(rnd.Int64N(int64(90 * time.Second)))
+		d.add(at, int32(i), false)
+		want = append(want, at)
+	}
+	d.add(200*time.Second, 9999, false) // past the last bucket: never fires
+	slices.Sort(want)
+	var got []time.Duration
+	for sec := 0; sec < 100; sec++ {
+		d.startSecond(sec)
+		for d.next() != never {
+			got = append(got, d.next())
+			d.pop()
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("popped %d timers out of order", len(got))
+	}
+	if d.len() != 1 {
+		t.Errorf("len = %d, want 1 (the timer past the horizon)", d.len())
+	}
+}
+
+func TestDelayQueueAddInCurrentSecond(t *testing.T) {
+	d := newDelayQueue(10)
+	d.startSecond(3)
+	d.add(3500*time.Millisecond, 1, false)
+	d.add(3200*time.Millisecond, 2, true)
+	d.add(4100*time.Millisecond, 3, false)
+	if got := d.pop(); got.job != 2 || !got.parking {
+		t.Fatalf("first pop = %+v, want job 2, parking", got)
+	}
+	if got := d.pop(); got.job != 1 {
+		t.Fatalf("second pop = %+v, want job 1", got)
+	}
+	if d.next() != never {
+		t.Fatalf("timer of second 4 visible during second 3")
+	}
+	d.startSecond(4)
+	if got := d.pop(); got.job != 3 {
+		t.Fatalf("third pop = %+v, want job 3", got)
+	}
+}
+
+func TestFIFO(t *testing.T) {
+	var q fifo
+	for i := range int32(3000) {
+		q.push(i)
+		if i%3 == 0 {
+			if got := q.pop(); got != i/3 {
+				t.Fatalf("pop = %d, want %d", got, i/3)
+			}
+		}
+	}
+	if q.len() != 2000 || q.peek() != 1000 {
+		t.Fatalf("len %d, head %d; want 2000, 1000", q.len(), q.peek())
+	}
+}
+
+func TestAutoscaler(t *testing.T) {
+	w := Workers{SlotsPerPod: 2, MinReplicas: 10, MaxReplicas: 80, TargetQueuePerReplica: 100}
+	w.StartupDelay.Duration = 30 * time.Second
+	w.Cooldown.Duration = 5 * time.Minute
+	a := newAutoscaler(w)
+	steps := []struct {
+		at            time.Duration
+		depth         int64
+		wantReplicas  int
+		wantReadyPods int
+	}{
+		{15 * time.Second, 50_000, 20, 10}, // at most double per poll
+		{30 * time.Second, 50_000, 40, 10}, // pods still starting
+		{45 * time.Second, 50_000, 80, 10}, // capped at max
+		{2 * time.Minute, 0, 80, 10},       // cooldown holds the fleet
+		{7 * time.Minute, 0, 10, 10},       // back to min after 5 minutes
+	}
+	for _, s := range steps {
+		a.poll(s.at, s.depth, w.MinReplicas, w.MaxReplicas)
+		if a.current() != s.wantReplicas {
+			t.Fatalf("at %v: %d replicas, want %d", s.at, a.current(), s.wantReplicas)
+		}
+	}
+	if a.peak != 80 {
+		t.Errorf("peak = %d, want 80", a.peak)
+	}
+	a.poll(8*time.Minute, 1200, 10, 80)
+	if a.nextReady() != 8*time.Minute+30*time.Second {
+		t.Errorf("new pods ready at %v, want after the startup delay", a.nextReady())
+	}
+	a.podReady()
+	if a.slots() != 22 {
+		t.Errorf("slots = %d, want 22", a.slots())
+	}
+}
+
+func TestDependencyColdStartAndCollapse(t *testing.T) {
+	sc := &Scenario{Dependency: Dependency{Concurrency: 40, ColdStart: ColdStart{Factor: 0.6}}}
+	sc.Dependency.ColdStart.Duration.Duration = 2 * time.Minute
+	sc.Dependency.Collapse.After.Duration = 3 * time.Second
+	d := newDependency(sc)
+	if got := d.effective(0); got != 40 {
+		t.Fatalf("warm capacity = %d, want 40", got)
+	}
+	d.goDown(10*time.Second, 20*time.Second)
+	if d.accept(11*time.Second) || !d.upSince(11*time.Second) {
+		t.Fatalf("accepted a call while down")
+	}
+	d.comeUp(20 * time.Second)
+	if got := d.effective(30 * time.Second); got != 24 {
+		t.Fatalf("cold capacity = %d, want 24", got)
+	}
+	callDur := 100 * time.Millisecond
+	for i, starts := range []int64{300, 300, 200, 300, 300, 300} {
+		collapsed := d.overloaded(time.Duration(31+i)*time.Second, starts, callDur)
+		if collapsed != (i == 5) {
+			t.Fatalf("second %d (%d starts, capacity 240/s): collapse %v", i, starts, collapsed)
+		}
+	}
+	if got := d.effective(20*time.Second + 2*time.Minute); got != 40 {
+		t.Errorf("capacity after warm-up = %d, want 40", got)
+	}
+}
+
+// TestControllerLimits walks the shipped breaker and ramp through an outage
+// and a recovery and checks the fleet limit the controller derives:
+// capacity, 0 while Open, the probes while HalfOpen, then the ramp's steps.
+func TestControllerLimits(t *testing.T) {
+	sc, err := Builtin("email-outage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	params, err := policy.FromSpec(sc.Policy.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &virtualClock{}
+	cnt := newCounters(1000)
+	c := newController(params, clk)
+	var limits []int64
+	step := func(ok, failed int64) {
+		for range ok {
+			cnt.outcome(true)
+		}
+		for range failed {
+			cnt.outcome(false)
+		}
+		clk.now += time.Second
+		cnt.closeSecond(int(clk.now / time.Second))
+		c.evaluate(&cnt)
+		if l := c.limit(); len(limits) == 0 || limits[len(limits)-1] != l {
+			limits = append(limits, l)
+		}
+	}
+	step(50, 0)    // healthy: full capacity
+	step(0, 50)    // outage: opens
+	for range 60 { // open for openDuration, then half open
+		step(0, 0)
+	}
+	step(3, 0)      // probes succeed: closes, ramp from 5
+	for range 200 { // clean minutes climb the ramp
+		step(50, 0)
+	}
+	want := []int64{40, 0, 3, 5, 10, 20, 40}
+	if !slices.Equal(limits, want) {
+		t.Fatalf("limits = %v, want %v", limits, want)
+	}
+}

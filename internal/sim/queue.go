@@ -1,0 +1,203 @@
+package sim
+
+import "time"
+
+// fifo is a growable ring buffer of job ids: the queue of ready work, in the
+// order the jobs became ready.
+type fifo struct {
+	buf        []int32
+	head, size int
+}
+
+func (q *fifo) len() int { return q.size }
+
+func (q *fifo) push(id int32) {
+	if q.size == len(q.buf) {
+		q.grow()
+	}
+	q.buf[(q.head+q.size)%len(q.buf)] = id
+	q.size++
+}
+
+func (q *fifo) peek() int32 { return q.buf[q.head] }
+
+func (q *fifo) pop() int32 {
+	id := q.buf[q.head]
+	q.head = (q.head + 1) % len(q.buf)
+	q.size--
+	return id
+}
+
+func (q *fifo) grow() {
+	buf := make([]int32, max(2*len(q.buf), 1024))
+	for i := 0; i < q.size; i++ {
+		buf[i] = q.buf[(q.head+i)%len(q.buf)]
+	}
+	q.buf, q.head = buf, 0
+}
+
+// call is a call in flight at the dependency.
+type call struct {
+	// done is when the call completes.
+	done time.Duration
+	// started is when the call started.
+	started time.Duration
+	// job is the calling job.
+	job int32
+	// served is true when the dependency accepted the call within its
+	// capacity; a served call succeeds unless the dependency went down
+	// while it ran.
+	served bool
+}
+
+// lane holds calls that all take the same time, so they complete in the
+// order they started: a FIFO is a correct (and O(1)) event queue for them.
+type lane struct {
+	buf        []call
+	head, size int
+}
+
+func (l *lane) len() int { return l.size }
+
+func (l *lane) push(c call) {
+	if l.size == len(l.buf) {
+		buf := make([]call, max(2*len(l.buf), 256))
+		for i := 0; i < l.size; i++ {
+			buf[i] = l.buf[(l.head+i)%len(l.buf)]
+		}
+		l.buf, l.head = buf, 0
+	}
+	l.buf[(l.head+l.size)%len(l.buf)] = c
+	l.size++
+}
+
+func (l *lane) peek() call { return l.buf[l.head] }
+
+func (l *lane) pop() call {
+	c := l.buf[l.head]
+	l.head = (l.head + 1) % len(l.buf)
+	l.size--
+	return c
+}
+
+// timer is a job waiting out a retry delay, or parked, until at.
+type timer struct {
+	at      time.Duration
+	job     int32
+	parking bool
+}
+
+// before orders timers by time, then by job, so that equal times pop in a
+// deterministic order (a job has at most one timer).
+func (t timer) before(u timer) bool {
+	return t.at < u.at || (t.at == u.at && t.job < u.job)
+}
+
+// delayQueue is the event queue of the jobs waiting to retry: a calendar
+// queue with one bucket per virtual second, and a 4-ary min-heap holding
+// only the timers of the current second. The engine calls startSecond at
+// every tick, which is itself an event, so a timer in a later second can
+// never be the next event while the heap is empty. Adding a timer for a
+// later second is an append and the heap stays as small as one second's
+// timers, so it stays in cache. Timers past the last bucket never fire.
+type delayQueue struct {
+	buckets [][]timer // timers of second k, for k > cur
+	cur     int       // the current second: h holds its timers
+	h       []timer
+	n       int
+	spare   [][]timer // emptied buckets, reused to spare the allocator
+}
+
+func newDelayQueue(seconds int) delayQueue {
+	return delayQueue{buckets: make([][]timer, seconds)}
+}
+
+func (d *delayQueue) len() int { return d.n }
+
+func (d *delayQueue) add(at time.Duration, job int32, parking bool) {
+	d.n++
+	t := timer{at: at, job: job, parking: parking}
+	sec := int(at / time.Second)
+	switch {
+	case sec <= d.cur:
+		d.push(t)
+	case sec < len(d.buckets):
+		b := d.buckets[sec]
+		if b == nil && len(d.spare) > 0 {
+			b, d.spare = d.spare[len(d.spare)-1], d.spare[:len(d.spare)-1]
+		}
+		d.buckets[sec] = append(b, t)
+	}
+}
+
+// startSecond makes second k current, moving its bucket into the heap. The
+// heap is empty then: its timers all fell before k.
+func (d *delayQueue) startSecond(k int) {
+	d.cur = k
+	if k >= len(d.buckets) || len(d.buckets[k]) == 0 {
+		return
+	}
+	b := d.buckets[k]
+	for _, t := range b {
+		d.push(t)
+	}
+	d.buckets[k] = nil
+	d.spare = append(d.spare, b[:0])
+}
+
+// next returns the earliest time in the current second, or never.
+func (d *delayQueue) next() time.Duration {
+	if len(d.h) == 0 {
+		return never
+	}
+	return d.h[0].at
+}
+
+// pop removes the earliest timer; next must have returned a time.
+func (d *delayQueue) pop() timer {
+	top := d.h[0]
+	last := d.h[len(d.h)-1]
+	d.h = d.h[:len(d.h)-1]
+	if len(d.h) > 0 {
+		d.siftDown(0, last)
+	}
+	d.n--
+	return top
+}
+
+func (d *delayQueue) push(t timer) {
+	d.h = append(d.h, t)
+	i := len(d.h) - 1
+	for i > 0 {
+		parent := (i - 1) / 4
+		if !t.before(d.h[parent]) {
+			break
+		}
+		d.h[i] = d.h[parent]
+		i = parent
+	}
+	d.h[i] = t
+}
+
+// siftDown places t at index i or below.
+func (d *delayQueue) siftDown(i int, t timer) {
+	n := len(d.h)
+	for {
+		first := 4*i + 1
+		if first >= n {
+			break
+		}
+		best := first
+		for c := first + 1; c < min(first+4, n); c++ {
+			if d.h[c].before(d.h[best]) {
+				best = c
+			}
+		}
+		if !d.h[best].before(t) {
+			break
+		}
+		d.h[i] = d.h[best]
+		i = best
+	}
+	d.h[i] = t
+}

@@ -1,0 +1,212 @@
+package sim
+
+import (
+	"math"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/policy"
+)
+
+// Result is one policy's outcome. The JSON names are those of
+// `spillway simulate --json`; the other fields are for the table and for
+// programs.
+type Result struct {
+	// Policy is the policy's name.
+	Policy Policy `json:"name"`
+	// PeakOverCapacity is the highest number of calls started at the
+	// dependency in any one second, divided by its nominal throughput
+	// Concurrency/CallDuration. Above 1 the fleet offered more than the
+	// dependency can serve even when warm.
+	PeakOverCapacity float64 `json:"peak_over_capacity"`
+	// SecondOutages counts the collapses after the recovery.
+	SecondOutages int `json:"second_outages"`
+	// DrainSeconds is the time from recovery until the pending jobs are
+	// back to the steady-state level; nil if that never happened before
+	// the horizon.
+	DrainSeconds *float64 `json:"drain_seconds"`
+	// PredictedDrainSeconds is the forecast of DrainSeconds (see
+	// Prediction); nil when the throughput does not exceed the arrivals.
+	PredictedDrainSeconds *float64 `json:"predicted_drain_seconds"`
+	// Completed counts the jobs whose call succeeded.
+	Completed int64 `json:"completed"`
+	// Stale counts the jobs dropped, before any call, past their deadline.
+	Stale int64 `json:"stale"`
+	// Superseded counts the jobs dropped, before any call, because a newer
+	// job for the same key arrived.
+	Superseded int64 `json:"superseded"`
+	// Parked counts the jobs parked over the retry budget at least once.
+	Parked int64 `json:"parked"`
+	// Lost counts jobs that vanished: generated but neither completed,
+	// dropped, given up nor found pending at the horizon. Always 0 unless
+	// the simulator is broken.
+	Lost int64 `json:"lost"`
+	// Calls counts every call made to the dependency.
+	Calls int64 `json:"calls"`
+	// Amplification is Calls / Jobs.
+	Amplification float64 `json:"amplification"`
+
+	// Jobs counts the jobs generated.
+	Jobs int64 `json:"-"`
+	// GaveUp counts the jobs abandoned after MaxAttempts failed calls.
+	GaveUp int64 `json:"-"`
+	// Pending counts the jobs still queued, waiting to retry or in flight
+	// at the horizon.
+	Pending int64 `json:"-"`
+	// DownAfterRecovery is the total time the dependency spent down after
+	// the recovery, in collapses.
+	DownAfterRecovery time.Duration `json:"-"`
+	// Recovery is the backlog at the instant of recovery.
+	Recovery Backlog `json:"-"`
+	// PeakReplicas is the most worker pods at once.
+	PeakReplicas int `json:"-"`
+	// Prediction holds the inputs of PredictedDrainSeconds.
+	Prediction Prediction `json:"-"`
+	// Series is the per-second time series, for plots.
+	Series Series `json:"-"`
+}
+
+// Backlog is the pending work at recovery, split the way the seed splits
+// it: past deadline, superseded by a newer job for the same key, and still
+// useful (a job past its deadline counts only as such).
+type Backlog struct {
+	Pending, PastDeadline, Superseded, Useful int64
+}
+
+// Series is a per-second time series of one run; element i covers virtual
+// second [i, i+1).
+type Series struct {
+	// Calls is the number of calls started at the dependency.
+	Calls []int32
+	// Capacity is the dependency's effective throughput in calls per
+	// second: 0 while down, reduced while cold.
+	Capacity []float64
+}
+
+// Prediction is the drain-time forecast of the seed, "backlog /
+// (throughput at the cap − new arrivals)", extended with what the breaker
+// and the ramp hold back:
+//
+//	Seconds = Shut + (Backlog + Arrivals×Shut + Withheld) / (Throughput − Arrivals)
+type Prediction struct {
+	// Backlog is the jobs pending at recovery; for a policy that drops
+	// stale and superseded jobs, only those still useful at recovery.
+	Backlog float64
+	// Arrivals is the rate of new jobs per second.
+	Arrivals float64
+	// Throughput is calls per second at the cap: the policy's
+	// capacity.concurrency (or the dependency's concurrency for an uncapped
+	// policy) over the call duration, or capacity.ratePerSecond when lower.
+	Throughput float64
+	// Withheld is the calls the ramp holds back while it climbs:
+	// ramp.Schedule.Withheld(capacity) / CallDuration, or with a
+	// ratePerSecond the sum over the steps but the last of (Throughput −
+	// min(step/CallDuration, ratePerSecond)) × stepDuration; 0 without a
+	// ramp.
+	Withheld float64
+	// Shut is the seconds from recovery until the breaker first closes; 0
+	// without a breaker.
+	Shut float64
+	// Seconds is the forecast; nil when Throughput <= Arrivals or the
+	// breaker never closed.
+	Seconds *float64
+}
+
+// predict fills in the forecast for the run.
+func (e *engine) predict() Prediction {
+	pr := Prediction{
+		Backlog:  float64(e.recovery.Pending),
+		Arrivals: e.rate,
+	}
+	if e.mech.dropUseless {
+		pr.Backlog = float64(e.recovery.Useful)
+	}
+	concurrency := int64(e.sc.Dependency.Concurrency)
+	if e.mech.capped {
+		concurrency = e.params.Capacity
+	}
+	pr.Throughput = float64(concurrency) / e.callDur.Seconds()
+	if e.mech.capped && e.params.RatePerSecond > 0 {
+		pr.Throughput = min(pr.Throughput, float64(e.params.RatePerSecond))
+	}
+	if e.ctl != nil {
+		pr.Withheld = e.withheld(pr.Throughput)
+		if e.closedAfterT1 < 0 {
+			return pr
+		}
+		pr.Shut = (e.closedAfterT1 - e.t1).Seconds()
+	}
+	if pr.Throughput <= pr.Arrivals {
+		return pr
+	}
+	s := pr.Shut + (pr.Backlog+pr.Arrivals*pr.Shut+pr.Withheld)/(pr.Throughput-pr.Arrivals)
+	pr.Seconds = ptr(round(s, 1))
+	return pr
+}
+
+// withheld is the calls the ramp holds back while it climbs, below the
+// throughput at the cap. Without a rate limit it is the shipped
+// ramp.Schedule.Withheld(capacity) divided by the call duration; with one,
+// each step's rate is min(step/CallDuration, ratePerSecond), so the steps
+// above the rate limit withhold nothing.
+func (e *engine) withheld(throughput float64) float64 {
+	s := e.callDur.Seconds()
+	if e.params.RatePerSecond == 0 {
+		return e.params.Ramp.Withheld(e.params.Capacity) / s
+	}
+	steps := e.params.Ramp.Steps
+	var total float64
+	for i := 0; i+1 < len(steps); i++ {
+		rate := min(float64(steps[i])/s, float64(e.params.RatePerSecond))
+		total += (throughput - rate) * e.params.Ramp.StepDuration.Seconds()
+	}
+	return total
+}
+
+// result collects the run's metrics.
+func (e *engine) result(p Policy) Result {
+	jobs := int64(len(e.jobs))
+	found := e.pendingFound()
+	s := e.stats
+	nominal := float64(e.sc.Dependency.Concurrency) / e.callDur.Seconds()
+	r := Result{
+		Policy:            p,
+		PeakOverCapacity:  round(float64(s.peakStarts)/nominal, 3),
+		SecondOutages:     s.secondOutages,
+		Completed:         s.completed,
+		Stale:             s.stale,
+		Superseded:        s.superseded,
+		Parked:            s.parked,
+		Lost:              jobs - s.completed - s.stale - s.superseded - s.gaveUp - found,
+		Calls:             e.counters.calls,
+		Jobs:              jobs,
+		GaveUp:            s.gaveUp,
+		Pending:           found,
+		DownAfterRecovery: s.downAfterRecovery,
+		PeakReplicas:      e.workers.peak,
+		Recovery:          e.recovery,
+		Prediction:        e.predict(),
+		Series:            Series{Calls: s.calls, Capacity: s.capacity},
+	}
+	if jobs > 0 {
+		r.Amplification = round(float64(r.Calls)/float64(jobs), 3)
+	}
+	if e.drain.drainedAt >= 0 {
+		r.DrainSeconds = ptr(round((e.drain.drainedAt - e.t1).Seconds(), 1))
+	}
+	r.PredictedDrainSeconds = r.Prediction.Seconds
+	return r
+}
+
+// simulate runs one policy on a defaulted, valid scenario.
+func simulate(sc *Scenario, params policy.Params, p Policy) Result {
+	e := newEngine(sc, params, p)
+	e.run()
+	return e.result(p)
+}
+
+func round(v float64, digits int) float64 {
+	scale := math.Pow(10, float64(digits))
+	return math.Round(v*scale) / scale
+}
+
+func ptr[T any](v T) *T { return &v }
