@@ -267,6 +267,14 @@ type ObservedWindow struct {
 	// retries is the number of those calls that were retries.
 	// +optional
 	Retries int64 `json:"retries"`
+
+	// observedAt is when the controller read these counts. The controller
+	// evaluates every second but writes the window to status only along with
+	// a change of the state, the limit, the ramp step or a condition, or when
+	// the counts changed and observedAt is older than its status interval
+	// (10s by default, spread over its second half per policy).
+	// +optional
+	ObservedAt *metav1.Time `json:"observedAt,omitempty"`
 }
 
 // DependencyPolicyStatus is the state the controller last decided.

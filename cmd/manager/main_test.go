@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"flag"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/redistest"
+)
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr string
+		check   func(t *testing.T, o options)
+	}{
+		{name: "defaults", check: func(t *testing.T, o options) {
+			if !o.leaderElect || o.evaluationInterval != time.Second || o.statusInterval != 10*time.Second ||
+				o.redis.timeout != 500*time.Millisecond || o.maxConcurrentReconciles != 8 ||
+				strings.Join(o.redis.addrs, ",") != "127.0.0.1:6379" || o.redis.cluster || o.metricsAddr != "0" || !o.metricsSecure {
+				t.Errorf("unexpected defaults: %+v", o)
+			}
+		}},
+		{name: "cluster seeds", args: []string{"--redis-cluster", "--redis-addr=a:1, b:2,c:3"}, check: func(t *testing.T, o options) {
+			if got := strings.Join(o.redis.addrs, ","); got != "a:1,b:2,c:3" {
+				t.Errorf("addrs = %s", got)
+			}
+		}},
+		{name: "a CA file implies TLS", args: []string{"--redis-tls-ca-file=/ca.pem"}, check: func(t *testing.T, o options) {
+			if !o.redis.tls {
+				t.Error("tls = false, want true")
+			}
+		}},
+		{name: "several addresses need --redis-cluster", args: []string{"--redis-addr=a:1,b:2"}, wantErr: "--redis-cluster"},
+		{name: "no address", args: []string{"--redis-addr= , "}, wantErr: "at least one address"},
+		{name: "too few workers", args: []string{"--max-concurrent-reconciles=2"}, wantErr: "at least 4"},
+		{name: "zero interval", args: []string{"--evaluation-interval=0s"}, wantErr: "must be positive"},
+		{name: "leader election can be turned off", args: []string{"--leader-elect=false"}, check: func(t *testing.T, o options) {
+			if o.leaderElect {
+				t.Error("leaderElect = true")
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+			o, err := parseFlags(fs, tt.args)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("parseFlags(%v) error = %v, want %q", tt.args, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("parseFlags(%v): %v", tt.args, err)
+			}
+			tt.check(t, o)
+		})
+	}
+}
+
+// TestRedisPasswordFile starts Redis with a password, and checks that the
+// client reads the password file, again for each new connection.
+func TestRedisPasswordFile(t *testing.T) {
+	// redistest cannot start a server with a password (its readiness check
+	// does not authenticate), so the password is set once it runs.
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	if err := srv.Client().ConfigSet(ctx, "requirepass", "first").Err(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "password")
+	if err := os.WriteFile(path, []byte("first\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rdb, err := newRedisClient(redisOptions{addrs: []string{srv.Addr()}, passwordFile: path, timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("ping with the password from the file: %v", err)
+	}
+
+	// The Secret is rotated: the server and the file change, and the next
+	// connection uses the new password.
+	admin := srv.Client(func(o *redis.Options) { o.Password = "first" })
+	if err := admin.ConfigSet(ctx, "requirepass", "second").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("second"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.(*redis.Client).Conn().Ping(ctx).Err(); err != nil {
+		t.Fatalf("ping on a new connection after the rotation: %v", err)
+	}
+
+	if _, err := newRedisClient(redisOptions{addrs: []string{srv.Addr()}, passwordFile: filepath.Join(dir, "missing")}); err == nil {
+		t.Error("a missing password file is not reported at start-up")
+	}
+}
+
+func TestRedisTLSConfig(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := redisTLSConfig(filepath.Join(dir, "missing.pem")); err == nil {
+		t.Error("a missing CA file is accepted")
+	}
+	bad := filepath.Join(dir, "bad.pem")
+	if err := os.WriteFile(bad, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := redisTLSConfig(bad); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+		t.Errorf("a file without a certificate: error = %v", err)
+	}
+
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "redis-ca"}, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := redisTLSConfig(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RootCAs == nil || c.MinVersion == 0 {
+		t.Errorf("config = %+v, want the CA as root and a minimum version", c)
+	}
+	if c, err := redisTLSConfig(""); err != nil || c.RootCAs != nil {
+		t.Errorf("without a CA file: %+v, %v; want the system roots", c, err)
+	}
+}
+
+func TestRedisClusterClient(t *testing.T) {
+	rdb, err := newRedisClient(redisOptions{addrs: []string{"127.0.0.1:1", "127.0.0.1:2"}, cluster: true, timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	if _, ok := rdb.(*redis.ClusterClient); !ok {
+		t.Errorf("client is %T, want a *redis.ClusterClient", rdb)
+	}
+}

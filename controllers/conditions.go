@@ -1,0 +1,220 @@
+package controllers
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/spillway-dev/spillway/pkg/protocol"
+)
+
+// Condition types of a DependencyPolicy.
+const (
+	// ConditionReady is True when the controller evaluated the policy and
+	// published the result to Redis on its last attempt.
+	ConditionReady = "Ready"
+	// ConditionBreakerOpen is True while the breaker is Open or HalfOpen.
+	ConditionBreakerOpen = "BreakerOpen"
+	// ConditionRamping is True while the limit climbs back to the capacity.
+	ConditionRamping = "Ramping"
+	// ConditionConsumersBounded is True when every consumer's ScaledObject is
+	// bounded as the policy says.
+	ConditionConsumersBounded = "ConsumersBounded"
+)
+
+// Reasons of the Ready condition.
+const (
+	// ReasonEvaluated (True): the state was evaluated and published.
+	ReasonEvaluated = "Evaluated"
+	// ReasonRedisUnavailable (False): Redis could not be read or written. The
+	// limit workers enforce stays at what was last published; the controller
+	// retries with backoff and continues from what Redis holds.
+	ReasonRedisUnavailable = "RedisUnavailable"
+	// ReasonInvalidSpec (False): the spec cannot be turned into a policy. The
+	// controller waits for the spec to change.
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonStaleEpoch (False): Redis holds a newer epoch than this controller
+	// decided from, because another controller published meanwhile. The
+	// controller evaluates again from what Redis holds.
+	ReasonStaleEpoch = "StaleEpoch"
+	// ReasonNotEvaluated (Unknown), for Ready, BreakerOpen and Ramping: the
+	// policy has not been evaluated yet.
+	ReasonNotEvaluated = "NotEvaluated"
+)
+
+// Reasons of the BreakerOpen condition.
+const (
+	// ReasonFailureRatioExceeded (True): the breaker is Open; no calls are
+	// admitted until it half-opens.
+	ReasonFailureRatioExceeded = "FailureRatioExceeded"
+	// ReasonProbing (True): the breaker is HalfOpen; a few probe calls test
+	// the dependency.
+	ReasonProbing = "Probing"
+	// ReasonBreakerClosed (False): the breaker is closed.
+	ReasonBreakerClosed = "BreakerClosed"
+)
+
+// Reasons of the Ramping condition.
+const (
+	// ReasonRampInProgress (True): the breaker closed and the limit is below
+	// the capacity, climbing one step per clean stepDuration.
+	ReasonRampInProgress = "RampInProgress"
+	// ReasonRampComplete (False): the limit is the full capacity.
+	ReasonRampComplete = "RampComplete"
+	// ReasonAwaitingRecovery (False): the breaker is Open or HalfOpen; the
+	// ramp starts when it closes.
+	ReasonAwaitingRecovery = "AwaitingRecovery"
+)
+
+// Reasons of the ConsumersBounded condition. When several consumers fail,
+// the reason is the first failing consumer's, in spec order, and the message
+// names every failing consumer.
+const (
+	// ReasonBounded (True): every consumer's maxReplicaCount is bounded (and
+	// its minReplicaCount pinned during an outage).
+	ReasonBounded = "Bounded"
+	// ReasonNoConsumers (True): the policy names no consumers.
+	ReasonNoConsumers = "NoConsumers"
+	// ReasonScaledObjectNotFound (False): a consumer's ScaledObject does not
+	// exist in the policy's namespace. Consumers can only name ScaledObjects
+	// in the policy's own namespace: the name pattern forbids '/'.
+	ReasonScaledObjectNotFound = "ScaledObjectNotFound"
+	// ReasonScaleTargetNotFound (False): the object a ScaledObject's
+	// scaleTargetRef names does not exist, or its kind is not served.
+	ReasonScaleTargetNotFound = "ScaleTargetNotFound"
+	// ReasonNoScaleSubresource (False): the scale target's kind has no scale
+	// subresource, so its replicas cannot be read (or scaled by KEDA).
+	ReasonNoScaleSubresource = "NoScaleSubresource"
+	// ReasonScaleTargetForbidden (False): the controller's RBAC does not allow
+	// reading the scale subresource of the target's kind; by default it may
+	// read deployments/scale and statefulsets/scale.
+	ReasonScaleTargetForbidden = "ScaleTargetForbidden"
+	// ReasonConflict (False): another DependencyPolicy already bounds the
+	// ScaledObject (see the spillway.dev/owner annotation). The first policy
+	// keeps it; this one leaves it alone.
+	ReasonConflict = "Conflict"
+	// ReasonAPIError (False): reading or changing a ScaledObject failed (for
+	// example a write conflict); the controller retries.
+	ReasonAPIError = "APIError"
+)
+
+// evalError is why an evaluation failed: the Ready condition's reason and
+// the cause.
+type evalError struct {
+	reason string
+	err    error
+}
+
+func (e *evalError) Error() string { return e.err.Error() }
+func (e *evalError) Unwrap() error { return e.err }
+
+// readyCondition is True with ReasonEvaluated when err is nil, and False
+// with the evalError's reason otherwise (ReasonRedisUnavailable for any other
+// error, since Redis is the only other thing an evaluation talks to).
+func readyCondition(err error, published protocol.Published) metav1.Condition {
+	if err == nil {
+		return metav1.Condition{
+			Type:    ConditionReady,
+			Status:  metav1.ConditionTrue,
+			Reason:  ReasonEvaluated,
+			Message: fmt.Sprintf("Published state %s with limit %d (epoch %d)", published.State, published.Limit, published.Epoch),
+		}
+	}
+	reason := ReasonRedisUnavailable
+	var ee *evalError
+	if errors.As(err, &ee) {
+		reason = ee.reason
+	}
+	msg := err.Error()
+	if reason == ReasonRedisUnavailable {
+		msg = "Cannot reach Redis; workers keep the limit last published: " + msg
+	}
+	return metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: reason, Message: msg}
+}
+
+// breakerOpenCondition describes the breaker in state; openUntil is when an
+// Open breaker half-opens.
+func breakerOpenCondition(state protocol.State, openUntil time.Time, probes int64) metav1.Condition {
+	c := metav1.Condition{Type: ConditionBreakerOpen}
+	switch state {
+	case protocol.Open:
+		c.Status, c.Reason = metav1.ConditionTrue, ReasonFailureRatioExceeded
+		c.Message = "The breaker is open: workers make no calls"
+		if !openUntil.IsZero() {
+			c.Message += " until " + openUntil.UTC().Format(time.RFC3339)
+		}
+	case protocol.HalfOpen:
+		c.Status, c.Reason = metav1.ConditionTrue, ReasonProbing
+		c.Message = fmt.Sprintf("The breaker is half-open: %d probe calls test the dependency", probes)
+	case protocol.Closed, protocol.Ramping:
+		c.Status, c.Reason = metav1.ConditionFalse, ReasonBreakerClosed
+		c.Message = "The breaker is closed"
+	default:
+		c.Status, c.Reason = metav1.ConditionUnknown, ReasonNotEvaluated
+		c.Message = "The policy has not been evaluated yet"
+	}
+	return c
+}
+
+// rampingCondition describes the ramp in state at step (from 0) of steps.
+func rampingCondition(state protocol.State, step int, steps []int64) metav1.Condition {
+	c := metav1.Condition{Type: ConditionRamping}
+	switch state {
+	case protocol.Ramping:
+		c.Status, c.Reason = metav1.ConditionTrue, ReasonRampInProgress
+		limit := int64(0)
+		if step >= 0 && step < len(steps) {
+			limit = steps[step]
+		}
+		c.Message = fmt.Sprintf("Ramp step %d of %d: limit %d", step+1, len(steps), limit)
+	case protocol.Closed:
+		c.Status, c.Reason = metav1.ConditionFalse, ReasonRampComplete
+		c.Message = "The limit is the full capacity"
+	case protocol.Open, protocol.HalfOpen:
+		c.Status, c.Reason = metav1.ConditionFalse, ReasonAwaitingRecovery
+		c.Message = "The ramp starts from its first step when the breaker closes"
+	default:
+		c.Status, c.Reason = metav1.ConditionUnknown, ReasonNotEvaluated
+		c.Message = "The policy has not been evaluated yet"
+	}
+	return c
+}
+
+// consumerResult is how bounding one consumer went: Reason is empty when it
+// is bounded, one of the ConsumersBounded reasons otherwise.
+type consumerResult struct {
+	Name    string
+	Reason  string
+	Message string
+}
+
+// consumersBoundedCondition sums up the consumers' results, in spec order.
+func consumersBoundedCondition(results []consumerResult) metav1.Condition {
+	c := metav1.Condition{Type: ConditionConsumersBounded}
+	if len(results) == 0 {
+		c.Status, c.Reason = metav1.ConditionTrue, ReasonNoConsumers
+		c.Message = "The policy names no consumers"
+		return c
+	}
+	var failed []string
+	for _, r := range results {
+		if r.Reason == "" {
+			continue
+		}
+		if c.Reason == "" {
+			c.Reason = r.Reason
+		}
+		failed = append(failed, fmt.Sprintf("%s: %s", r.Name, r.Message))
+	}
+	if len(failed) == 0 {
+		c.Status, c.Reason = metav1.ConditionTrue, ReasonBounded
+		c.Message = fmt.Sprintf("%d ScaledObjects bounded", len(results))
+		return c
+	}
+	c.Status = metav1.ConditionFalse
+	c.Message = fmt.Sprintf("%d of %d consumers not bounded: %s", len(failed), len(results), strings.Join(failed, "; "))
+	return c
+}

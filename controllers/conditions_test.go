@@ -1,0 +1,213 @@
+package controllers
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
+	"github.com/spillway-dev/spillway/pkg/protocol"
+)
+
+func TestReadyCondition(t *testing.T) {
+	pub := protocol.Published{State: protocol.Ramping, Limit: 10, Epoch: 4}
+	tests := []struct {
+		name    string
+		err     error
+		status  metav1.ConditionStatus
+		reason  string
+		message string
+	}{
+		{name: "evaluated", status: metav1.ConditionTrue, reason: ReasonEvaluated, message: "Published state Ramping with limit 10 (epoch 4)"},
+		{name: "redis down", err: &evalError{reason: ReasonRedisUnavailable, err: errors.New("dial tcp: connection refused")},
+			status: metav1.ConditionFalse, reason: ReasonRedisUnavailable, message: "workers keep the limit last published: dial tcp: connection refused"},
+		{name: "an unclassified error is Redis", err: errors.New("i/o timeout"), status: metav1.ConditionFalse, reason: ReasonRedisUnavailable, message: "i/o timeout"},
+		{name: "wrapped", err: fmt.Errorf("evaluate: %w", &evalError{reason: ReasonStaleEpoch, err: protocol.ErrStaleEpoch}),
+			status: metav1.ConditionFalse, reason: ReasonStaleEpoch, message: "newer epoch"},
+		{name: "invalid spec", err: &evalError{reason: ReasonInvalidSpec, err: errors.New("invalid spec: ramp: steps must not be empty")},
+			status: metav1.ConditionFalse, reason: ReasonInvalidSpec, message: "steps must not be empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			c := readyCondition(tt.err, pub)
+			g.Expect(c.Type).To(Equal(ConditionReady))
+			g.Expect(c.Status).To(Equal(tt.status))
+			g.Expect(c.Reason).To(Equal(tt.reason))
+			g.Expect(c.Message).To(ContainSubstring(tt.message))
+		})
+	}
+}
+
+func TestBreakerOpenCondition(t *testing.T) {
+	until := time.Date(2026, 3, 1, 12, 1, 0, 0, time.UTC)
+	tests := []struct {
+		state   protocol.State
+		status  metav1.ConditionStatus
+		reason  string
+		message string
+	}{
+		{protocol.Open, metav1.ConditionTrue, ReasonFailureRatioExceeded, "until 2026-03-01T12:01:00Z"},
+		{protocol.HalfOpen, metav1.ConditionTrue, ReasonProbing, "3 probe calls"},
+		{protocol.Ramping, metav1.ConditionFalse, ReasonBreakerClosed, "closed"},
+		{protocol.Closed, metav1.ConditionFalse, ReasonBreakerClosed, "closed"},
+		{"", metav1.ConditionUnknown, ReasonNotEvaluated, "not been evaluated"},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.state), func(t *testing.T) {
+			g := NewWithT(t)
+			c := breakerOpenCondition(tt.state, until, 3)
+			g.Expect(c.Type).To(Equal(ConditionBreakerOpen))
+			g.Expect(c.Status).To(Equal(tt.status))
+			g.Expect(c.Reason).To(Equal(tt.reason))
+			g.Expect(c.Message).To(ContainSubstring(tt.message))
+		})
+	}
+}
+
+func TestRampingCondition(t *testing.T) {
+	steps := []int64{5, 10, 20, 40}
+	tests := []struct {
+		state   protocol.State
+		step    int
+		status  metav1.ConditionStatus
+		reason  string
+		message string
+	}{
+		{protocol.Ramping, 1, metav1.ConditionTrue, ReasonRampInProgress, "Ramp step 2 of 4: limit 10"},
+		{protocol.Closed, 3, metav1.ConditionFalse, ReasonRampComplete, "full capacity"},
+		{protocol.Open, 0, metav1.ConditionFalse, ReasonAwaitingRecovery, "when the breaker closes"},
+		{protocol.HalfOpen, 0, metav1.ConditionFalse, ReasonAwaitingRecovery, "when the breaker closes"},
+		{"", 0, metav1.ConditionUnknown, ReasonNotEvaluated, "not been evaluated"},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.state), func(t *testing.T) {
+			g := NewWithT(t)
+			c := rampingCondition(tt.state, tt.step, steps)
+			g.Expect(c.Type).To(Equal(ConditionRamping))
+			g.Expect(c.Status).To(Equal(tt.status))
+			g.Expect(c.Reason).To(Equal(tt.reason))
+			g.Expect(c.Message).To(ContainSubstring(tt.message))
+		})
+	}
+}
+
+func TestConsumersBoundedCondition(t *testing.T) {
+	ok := consumerResult{Name: "a", Message: "min=unset max=20"}
+	tests := []struct {
+		name    string
+		results []consumerResult
+		status  metav1.ConditionStatus
+		reason  string
+		message string
+	}{
+		{name: "no consumers", status: metav1.ConditionTrue, reason: ReasonNoConsumers, message: "no consumers"},
+		{name: "all bounded", results: []consumerResult{ok, {Name: "b"}}, status: metav1.ConditionTrue, reason: ReasonBounded, message: "2 ScaledObjects bounded"},
+		{name: "missing ScaledObject", results: []consumerResult{ok, {Name: "b", Reason: ReasonScaledObjectNotFound, Message: "ScaledObject not found in namespace ns"}},
+			status: metav1.ConditionFalse, reason: ReasonScaledObjectNotFound, message: "1 of 2 consumers not bounded: b: ScaledObject not found"},
+		{name: "the first failure in spec order gives the reason", results: []consumerResult{
+			{Name: "a", Reason: ReasonNoScaleSubresource, Message: "scale target ConfigMap x (v1) has no scale subresource"},
+			{Name: "b", Reason: ReasonConflict, Message: "already bounded by DependencyPolicy other"},
+		}, status: metav1.ConditionFalse, reason: ReasonNoScaleSubresource, message: "a: scale target ConfigMap x (v1) has no scale subresource; b: already bounded"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			c := consumersBoundedCondition(tt.results)
+			g.Expect(c.Type).To(Equal(ConditionConsumersBounded))
+			g.Expect(c.Status).To(Equal(tt.status))
+			g.Expect(c.Reason).To(Equal(tt.reason))
+			g.Expect(c.Message).To(ContainSubstring(tt.message))
+		})
+	}
+}
+
+func TestStatusDue(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) *metav1.Time { return &metav1.Time{Time: now.Add(d)} }
+	base := spillwayv1alpha1.DependencyPolicyStatus{
+		State: spillwayv1alpha1.StateClosed, CurrentLimit: 40, RampStep: 3, ObservedGeneration: 1,
+		LastTransitionTime: at(-time.Hour),
+		Window:             spillwayv1alpha1.ObservedWindow{Calls: 10, ObservedAt: at(-5 * time.Second)},
+		Conditions:         []metav1.Condition{{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonEvaluated, Message: "m"}},
+	}
+	tests := []struct {
+		name   string
+		change func(*spillwayv1alpha1.DependencyPolicyStatus)
+		want   bool
+	}{
+		{name: "nothing changed", change: func(*spillwayv1alpha1.DependencyPolicyStatus) {}, want: false},
+		{name: "fresh window counts wait", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) {
+			s.Window = spillwayv1alpha1.ObservedWindow{Calls: 99, Failures: 3, ObservedAt: at(0)}
+		}, want: false},
+		{name: "a window reported 5s ago is not refreshed", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) {
+			s.Window.ObservedAt = at(0)
+			s.Window.Calls = 10
+		}, want: false},
+		{name: "state", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) { s.State = spillwayv1alpha1.StateOpen }, want: true},
+		{name: "limit", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) { s.CurrentLimit = 20 }, want: true},
+		{name: "step", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) { s.RampStep = 1 }, want: true},
+		{name: "generation", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) { s.ObservedGeneration = 2 }, want: true},
+		{name: "condition message", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) {
+			s.Conditions = []metav1.Condition{{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonEvaluated, Message: "other"}}
+		}, want: true},
+		{name: "new condition", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) {
+			s.Conditions = append(s.Conditions, metav1.Condition{Type: ConditionRamping})
+		}, want: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cur := *base.DeepCopy()
+			tt.change(&cur)
+			if got := statusDue(base, cur, now, 10*time.Second); got != tt.want {
+				t.Errorf("statusDue = %v, want %v", got, tt.want)
+			}
+		})
+	}
+
+	t.Run("new counts reported more than the interval ago are refreshed", func(t *testing.T) {
+		old := *base.DeepCopy()
+		old.Window.ObservedAt = at(-11 * time.Second)
+		cur := *old.DeepCopy()
+		cur.Window.ObservedAt = at(0)
+		cur.Window.Failures = 4
+		if !statusDue(old, cur, now, 10*time.Second) {
+			t.Error("statusDue = false, want true")
+		}
+	})
+	t.Run("unchanged counts are not rewritten however old", func(t *testing.T) {
+		old := *base.DeepCopy()
+		old.Window.ObservedAt = at(-time.Hour)
+		cur := *old.DeepCopy()
+		cur.Window.ObservedAt = at(0)
+		if statusDue(old, cur, now, 10*time.Second) {
+			t.Error("statusDue = true, want false")
+		}
+	})
+	t.Run("the status interval is spread by policy", func(t *testing.T) {
+		seen := map[time.Duration]bool{}
+		for _, uid := range []types.UID{"a", "b", "c", "d"} {
+			d := statusInterval(&spillwayv1alpha1.DependencyPolicy{ObjectMeta: metav1.ObjectMeta{UID: uid}}, 10*time.Second)
+			if d < 5*time.Second || d >= 10*time.Second {
+				t.Errorf("statusInterval(%s) = %v, want in [5s, 10s)", uid, d)
+			}
+			seen[d] = true
+		}
+		if len(seen) < 3 {
+			t.Errorf("statusInterval gives %d distinct values for 4 policies, want them spread", len(seen))
+		}
+	})
+	t.Run("the first window is written", func(t *testing.T) {
+		old := *base.DeepCopy()
+		old.Window.ObservedAt = nil
+		cur := *base.DeepCopy()
+		if !statusDue(old, cur, now, 10*time.Second) {
+			t.Error("statusDue = false, want true")
+		}
+	})
+}

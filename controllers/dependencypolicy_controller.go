@@ -1,0 +1,549 @@
+// Package controllers holds Spillway's DependencyPolicy controllers.
+//
+// Two controllers share the policies. The evaluator (Evaluate) runs every
+// evaluation interval and talks only to Redis: it reads what workers reported,
+// steps the breaker and the ramp in a pure planner (Plan) and publishes the
+// fleet's limit, so a slow or throttled API server never delays a limit. The
+// policy reconciler (Reconcile) holds the finalizer, writes status once per
+// reconcile and bounds the consumers' KEDA ScaledObjects (Bounds,
+// DesiredReplicas); the evaluator triggers it whenever the outcome changes.
+//
+// Neither keeps essential state in memory: the breaker and the ramp live in
+// Redis (and, as a fallback, in the policy's status), the user's replicas and
+// the pinned minimum in annotations on the ScaledObjects.
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
+	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
+	"github.com/spillway-dev/spillway/internal/policy"
+	"github.com/spillway-dev/spillway/pkg/protocol"
+)
+
+const (
+	// ControllerName names the controller, its logger and its Events.
+	ControllerName = "spillway-controller"
+	// Finalizer holds a DependencyPolicy until its ScaledObjects got the
+	// user's replicas back.
+	Finalizer = "spillway.dev/finalizer"
+	// FieldManager is the server-side apply field manager that owns a bounded
+	// ScaledObject's spec.minReplicaCount and spec.maxReplicaCount, and
+	// nothing else. GitOps tools can be told to ignore exactly its fields.
+	FieldManager = "spillway-controller"
+	// MetadataFieldOwner is the field owner of the controller's plain patches
+	// of ScaledObjects: its annotations, and putting back the user's replicas.
+	MetadataFieldOwner = "spillway-controller-metadata"
+
+	// AnnotationOwner, on a ScaledObject, names the DependencyPolicy (in the
+	// same namespace) that bounds it. A second policy naming the same
+	// ScaledObject reports a Conflict instead of fighting over it.
+	AnnotationOwner = "spillway.dev/owner"
+	// AnnotationOriginalReplicas, on a ScaledObject, records the user's own
+	// minReplicaCount and maxReplicaCount, as JSON with null for unset
+	// ({"min":2,"max":null}), before Spillway first changes them; they are put
+	// back when the policy lets go. A change the user makes meanwhile (the
+	// field manager loses the field) is recorded here too.
+	AnnotationOriginalReplicas = "spillway.dev/original-replicas"
+	// AnnotationPinnedMinReplicas, on a ScaledObject, is the replicas its
+	// workload had when the outage began: the minReplicaCount pinned while the
+	// breaker is Open or HalfOpen and the ramp climbs.
+	AnnotationPinnedMinReplicas = "spillway.dev/pinned-min-replicas"
+
+	// IndexConsumer indexes DependencyPolicies by the names of the
+	// ScaledObjects they list as consumers.
+	IndexConsumer = "spec.consumers.scaledObjectName"
+	// IndexOwner indexes ScaledObjects by their AnnotationOwner.
+	IndexOwner = "metadata.annotations.spillway.dev/owner"
+)
+
+// Event reasons for ScaledObjects, besides the transitions in plan.go.
+const (
+	// EventBounded: Spillway changed a ScaledObject's min or max replicas.
+	EventBounded = "Bounded"
+	// EventRestored: Spillway put back a ScaledObject's replicas and let go
+	// of it.
+	EventRestored = "Restored"
+)
+
+// Options tune the reconciler. Zero values take the defaults.
+type Options struct {
+	// EvaluationInterval is how often each policy is evaluated. Default 1s.
+	EvaluationInterval time.Duration
+	// StatusInterval is how often the policy reconciler runs without being
+	// triggered, and how far behind the window counts in status may fall
+	// (see statusDue). Each policy uses a fixed point of its second half, so
+	// policies created together do not write together. Default 10s.
+	StatusInterval time.Duration
+	// RedisTimeout bounds each Redis operation. Default 500ms.
+	RedisTimeout time.Duration
+	// MaxConcurrentReconciles is how many policies the evaluator, and
+	// separately the policy reconciler, work on at once. Default 8; at
+	// least 4.
+	MaxConcurrentReconciles int
+	// MaxRetryDelay caps the backoff after a failed evaluation. Default 10s.
+	MaxRetryDelay time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.EvaluationInterval <= 0 {
+		o.EvaluationInterval = time.Second
+	}
+	if o.StatusInterval <= 0 {
+		o.StatusInterval = 10 * time.Second
+	}
+	if o.RedisTimeout <= 0 {
+		o.RedisTimeout = 500 * time.Millisecond
+	}
+	if o.MaxConcurrentReconciles <= 0 {
+		o.MaxConcurrentReconciles = 8
+	}
+	o.MaxConcurrentReconciles = max(o.MaxConcurrentReconciles, 4)
+	if o.MaxRetryDelay <= 0 {
+		o.MaxRetryDelay = 10 * time.Second
+	}
+	o.MaxRetryDelay = max(o.MaxRetryDelay, o.EvaluationInterval)
+	return o
+}
+
+// DependencyPolicyReconciler runs both DependencyPolicy controllers: the
+// evaluator (Evaluate) and the policy reconciler (Reconcile). Build it with
+// its exported fields and call SetupWithManager, which fills what is left
+// unset.
+type DependencyPolicyReconciler struct {
+	// Client reads from the manager's cache and writes to the API server.
+	Client client.Client
+	// Redis is where limits are published and outcomes read.
+	Redis redis.UniversalClient
+	// Recorder emits Events. Default: the manager's, as ControllerName.
+	Recorder events.EventRecorder
+	// Clock is the time the breaker and ramp decide by. Default: the wall
+	// clock.
+	Clock clock.PassiveClock
+	// Discovery tells a scale target without a scale subresource from a
+	// missing one. Default: from the manager's config.
+	Discovery discovery.DiscoveryInterface
+	// Options tune the reconciler.
+	Options Options
+
+	// evalBackoff spaces the retries of failed evaluations, per policy.
+	evalBackoff workqueue.TypedRateLimiter[types.NamespacedName]
+	// backoff spaces the retries of policies whose consumers could not all
+	// be bounded.
+	backoff workqueue.TypedRateLimiter[types.NamespacedName]
+	// evaluations holds each policy's last evaluation (an evaluation) for
+	// the policy reconciler.
+	evaluations sync.Map
+	// triggers carries the policies whose evaluation changed to the policy
+	// reconciler.
+	triggers chan event.GenericEvent
+	// scaleChecks caches, per ScaledObject, whether its scale target was
+	// readable: an optimisation only, rebuilt after a restart.
+	scaleChecks sync.Map
+}
+
+// +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/finalizers,verbs=update
+// +kubebuilder:rbac:groups=keda.sh,resources=scaledobjects,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=apps,resources=deployments/scale;statefulsets/scale,verbs=get
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// SetupWithManager fills the reconciler's defaults, registers the field
+// indexes and starts the evaluator and the policy reconciler.
+func (r *DependencyPolicyReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if r.Redis == nil {
+		return errors.New("the reconciler needs a Redis client")
+	}
+	r.Options = r.Options.withDefaults()
+	if r.Client == nil {
+		r.Client = mgr.GetClient()
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder(ControllerName)
+	}
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	if r.Discovery == nil {
+		dc, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig())
+		if err != nil {
+			return fmt.Errorf("failed to create a discovery client: %w", err)
+		}
+		r.Discovery = dc
+	}
+	r.evalBackoff = workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](r.Options.EvaluationInterval, r.Options.MaxRetryDelay)
+	r.backoff = workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](time.Second, max(r.Options.MaxRetryDelay, r.Options.StatusInterval))
+	r.triggers = make(chan event.GenericEvent, 1024)
+
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &spillwayv1alpha1.DependencyPolicy{}, IndexConsumer, consumerNames); err != nil {
+		return fmt.Errorf("failed to index DependencyPolicies by consumer: %w", err)
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &kedav1alpha1.ScaledObject{}, IndexOwner, ownerName); err != nil {
+		return fmt.Errorf("failed to index ScaledObjects by owner: %w", err)
+	}
+	err := ctrl.NewControllerManagedBy(mgr).
+		For(&spillwayv1alpha1.DependencyPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles}).
+		Named("dependencypolicy-evaluator").
+		Complete(reconcile.Func(r.Evaluate))
+	if err != nil {
+		return fmt.Errorf("failed to set up the evaluator: %w", err)
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&spillwayv1alpha1.DependencyPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&kedav1alpha1.ScaledObject{}, scaledObjectHandler{
+			EventHandler: handler.EnqueueRequestsFromMapFunc(r.policiesFor),
+			forget:       func(uid types.UID) { r.scaleChecks.Delete(uid) },
+		}).
+		WatchesRawSource(source.Channel(r.triggers, &handler.EnqueueRequestForObject{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles}).
+		Named("dependencypolicy").
+		Complete(r)
+}
+
+// Reconcile is the policy reconciler: Get, ensure the finalizer, then
+// reconcile or reconcileDelete, with the status patched once on the way out.
+func (r *DependencyPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+	pol := &spillwayv1alpha1.DependencyPolicy{}
+	if err := r.Client.Get(ctx, req.NamespacedName, pol); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.backoff.Forget(req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		reconcileErrors.WithLabelValues(ReasonKubernetesAPI).Inc()
+		return ctrl.Result{}, fmt.Errorf("failed to get DependencyPolicy %s: %w", req, err)
+	}
+	if !pol.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, pol)
+	}
+	if !controllerutil.ContainsFinalizer(pol, Finalizer) {
+		patch := client.MergeFromWithOptions(pol.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		controllerutil.AddFinalizer(pol, Finalizer)
+		if err := r.Client.Patch(ctx, pol, patch); err != nil {
+			reconcileErrors.WithLabelValues(ReasonKubernetesAPI).Inc()
+			return ctrl.Result{}, fmt.Errorf("failed to add the finalizer to %s: %w", req, err)
+		}
+	}
+
+	base := pol.DeepCopy()
+	defer func() {
+		if err := r.patchStatus(ctx, base, pol); err != nil {
+			reconcileErrors.WithLabelValues(ReasonKubernetesAPI).Inc()
+			retErr = errors.Join(retErr, err)
+		}
+	}()
+	return r.reconcile(ctx, pol)
+}
+
+// reconcile writes the last evaluation to pol's status and bounds the
+// consumers for the state it decided.
+func (r *DependencyPolicyReconciler) reconcile(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy) (ctrl.Result, error) {
+	key := client.ObjectKeyFromObject(pol)
+	params, err := policy.FromSpec(pol.Spec)
+	if err != nil {
+		err = &evalError{reason: ReasonInvalidSpec, err: fmt.Errorf("invalid spec: %w", err)}
+		if c := meta.FindStatusCondition(pol.Status.Conditions, ConditionReady); c == nil || c.Reason != ReasonInvalidSpec {
+			r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, ReasonInvalidSpec, "Evaluate", "%s", err.Error())
+		}
+		r.setCondition(pol, readyCondition(err, protocol.Published{}))
+		reconcileErrors.WithLabelValues(ReasonInvalidSpec).Inc()
+		return ctrl.Result{}, reconcile.TerminalError(err)
+	}
+	pol.Status.ObservedGeneration = pol.Generation
+
+	// The last evaluation, or, until the evaluator's first one since the
+	// manager started, what status already says.
+	ev, evaluated := r.lastEvaluation(key)
+	switch {
+	case evaluated:
+		r.setCondition(pol, readyCondition(ev.Err, ev.Published))
+		if ev.Err == nil {
+			setPublishedStatus(&pol.Status, ev.Published, ev.Window, ev.At)
+		}
+	case meta.FindStatusCondition(pol.Status.Conditions, ConditionReady) == nil:
+		r.setCondition(pol, metav1.Condition{Type: ConditionReady, Status: metav1.ConditionUnknown, Reason: ReasonNotEvaluated, Message: "The policy has not been evaluated yet"})
+	}
+
+	state := protocol.State(pol.Status.State)
+	results := r.reconcileConsumers(ctx, pol, params, state)
+	consumers := consumersBoundedCondition(results)
+	r.setCondition(pol, consumers)
+	openUntil := time.Time{}
+	if evaluated && ev.Published.State == protocol.Open {
+		openUntil = ev.Published.OpenUntil
+	}
+	r.setCondition(pol, breakerOpenCondition(state, openUntil, params.Breaker.HalfOpenProbes))
+	r.setCondition(pol, rampingCondition(state, int(pol.Status.RampStep), params.Ramp.Steps))
+
+	// Periodic runs and retries go after the work the evaluator triggers and
+	// ScaledObject changes: a transition's pins and status come first.
+	if consumers.Status == metav1.ConditionFalse {
+		reconcileErrors.WithLabelValues(consumers.Reason).Inc()
+		return ctrl.Result{RequeueAfter: jitter(r.backoff.When(key)), Priority: ptr.To(handler.LowPriority)}, nil
+	}
+	r.backoff.Forget(key)
+	return ctrl.Result{RequeueAfter: statusInterval(pol, r.Options.StatusInterval), Priority: ptr.To(handler.LowPriority)}, nil
+}
+
+// reconcileDelete gives every ScaledObject the policy bounds its user's
+// replicas back, releases the fleet in Redis and removes the finalizer.
+func (r *DependencyPolicyReconciler) reconcileDelete(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx)
+	key := client.ObjectKeyFromObject(pol)
+	if !controllerutil.ContainsFinalizer(pol, Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	if err := r.releaseAll(ctx, pol, nil); err != nil {
+		reconcileErrors.WithLabelValues(ReasonAPIError).Inc()
+		return ctrl.Result{}, err
+	}
+	r.releaseFleet(ctx, pol)
+
+	patch := client.MergeFromWithOptions(pol.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	controllerutil.RemoveFinalizer(pol, Finalizer)
+	if err := r.Client.Patch(ctx, pol, patch); err != nil {
+		reconcileErrors.WithLabelValues(ReasonKubernetesAPI).Inc()
+		return ctrl.Result{}, fmt.Errorf("failed to remove the finalizer from %s: %w", key, err)
+	}
+	forgetPolicy(key)
+	r.backoff.Forget(key)
+	r.evaluations.Delete(key)
+	log.Info("Released the policy's consumers and removed the finalizer")
+	return ctrl.Result{}, nil
+}
+
+// releaseFleet publishes Closed at full capacity for a deleted policy, so no
+// fleet stays held at the limit of an outage by a policy that no longer
+// exists (workers refuse to call a dependency with no state in Redis, so the
+// state is left in place rather than deleted). It is best effort: a failure
+// is reported as a Warning Event and does not hold the deletion.
+func (r *DependencyPolicyReconciler) releaseFleet(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy) {
+	err := func() error {
+		params, err := policy.FromSpec(pol.Spec)
+		if err != nil {
+			return err
+		}
+		pc, err := protocol.NewClient(r.Redis, protocol.Dependency{Namespace: pol.Namespace, Name: pol.Name})
+		if err != nil {
+			return err
+		}
+		rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
+		defer cancel()
+		prev, found, err := pc.ReadPublished(rctx)
+		if err != nil || !found {
+			return err
+		}
+		now := r.Clock.Now()
+		next := prev
+		next.State, next.Limit, next.Capacity = protocol.Closed, params.Capacity, params.Capacity
+		next.OpenUntil, next.BreakerSince = time.Time{}, now
+		next.RampStep, next.RampStepStarted = len(params.Ramp.Steps)-1, now
+		// Two past the stored epoch: an evaluation still in flight, which
+		// would publish at most one past it, is refused.
+		next.Epoch = prev.Epoch + 2
+		_, err = pc.Publish(rctx, next)
+		return err
+	}()
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to release the fleet in Redis; workers keep the last published limit")
+		r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, ReasonRedisUnavailable, "Delete",
+			"Could not publish full capacity for the deleted policy; workers keep the last published limit: %s", err.Error())
+	}
+}
+
+// patchStatus writes pol's status when it differs from base in a way worth a
+// write (see statusDue).
+func (r *DependencyPolicyReconciler) patchStatus(ctx context.Context, base, pol *spillwayv1alpha1.DependencyPolicy) error {
+	if !statusDue(base.Status, pol.Status, r.Clock.Now(), statusInterval(pol, r.Options.StatusInterval)) {
+		return nil
+	}
+	if err := r.Client.Status().Patch(ctx, pol, client.MergeFrom(base)); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("failed to patch the status of %s: %w", klog.KObj(pol), err)
+	}
+	return nil
+}
+
+// statusDue reports whether a status is worth writing. The evaluator
+// evaluates every policy every second; writing status each time would cost
+// the API server a write per policy per second for counts nobody reads at
+// that rate. So status is written when the state, the limit, the ramp step,
+// the last transition, the observed generation or a condition changed, which
+// are what people and tools act on, and otherwise only when the window counts
+// changed and the window in status was observed at least interval ago, so the
+// counts in status are never more than interval behind.
+func statusDue(old, cur spillwayv1alpha1.DependencyPolicyStatus, now time.Time, interval time.Duration) bool {
+	switch {
+	case old.State != cur.State,
+		old.CurrentLimit != cur.CurrentLimit,
+		old.RampStep != cur.RampStep,
+		old.ObservedGeneration != cur.ObservedGeneration,
+		!timesEqual(old.LastTransitionTime, cur.LastTransitionTime),
+		!conditionsEqual(old.Conditions, cur.Conditions):
+		return true
+	}
+	if old.Window.Calls == cur.Window.Calls && old.Window.Failures == cur.Window.Failures && old.Window.Retries == cur.Window.Retries {
+		return old.Window.ObservedAt == nil && cur.Window.ObservedAt != nil
+	}
+	return old.Window.ObservedAt == nil || now.Sub(old.Window.ObservedAt.Time) >= interval
+}
+
+// statusInterval spreads the status interval over [interval/2, interval) by
+// the policy's UID, so that policies created together do not all refresh
+// their status in the same second.
+func statusInterval(pol *spillwayv1alpha1.DependencyPolicy, interval time.Duration) time.Duration {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(pol.UID))
+	return interval/2 + time.Duration(float64(interval/2)*float64(h.Sum32())/float64(math.MaxUint32+1))
+}
+
+// setPublishedStatus records a publication and its window in st, at the
+// seconds' precision status is stored with.
+func setPublishedStatus(st *spillwayv1alpha1.DependencyPolicyStatus, p protocol.Published, w protocol.Window, at time.Time) {
+	st.State = spillwayv1alpha1.BreakerState(p.State)
+	st.CurrentLimit = int32(min(p.Limit, math.MaxInt32))
+	st.RampStep = int32(p.RampStep)
+	st.LastTransitionTime = &metav1.Time{Time: transitionTime(p).Truncate(time.Second)}
+	st.Window = spillwayv1alpha1.ObservedWindow{
+		Calls:      w.Calls,
+		Failures:   w.Failures + w.Timeouts,
+		Retries:    w.Retries(),
+		ObservedAt: &metav1.Time{Time: at.Truncate(time.Second)},
+	}
+}
+
+// transitionTime is when the published state last changed: when the breaker
+// last changed state, or, for a ramp that completed, when it reached its last
+// step. It comes from Redis, so it is exact after a restart too.
+func transitionTime(p protocol.Published) time.Time {
+	if p.State == protocol.Closed && p.RampStepStarted.After(p.BreakerSince) {
+		return p.RampStepStarted
+	}
+	return p.BreakerSince
+}
+
+// setCondition sets c on pol's status at pol's generation.
+func (r *DependencyPolicyReconciler) setCondition(pol *spillwayv1alpha1.DependencyPolicy, c metav1.Condition) {
+	c.ObservedGeneration = pol.Generation
+	meta.SetStatusCondition(&pol.Status.Conditions, c)
+}
+
+// policiesFor maps a ScaledObject to the policies that name it as a consumer,
+// and to the one its owner annotation names.
+func (r *DependencyPolicyReconciler) policiesFor(ctx context.Context, obj client.Object) []reconcile.Request {
+	var list spillwayv1alpha1.DependencyPolicyList
+	if err := r.Client.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.MatchingFields{IndexConsumer: obj.GetName()}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to list the policies of a ScaledObject", "scaledObject", klog.KObj(obj))
+	}
+	seen := map[string]bool{}
+	var reqs []reconcile.Request
+	add := func(name string) {
+		if name != "" && !seen[name] {
+			seen[name] = true
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: obj.GetNamespace(), Name: name}})
+		}
+	}
+	for _, p := range list.Items {
+		add(p.Name)
+	}
+	add(obj.GetAnnotations()[AnnotationOwner])
+	return reqs
+}
+
+// scaledObjectHandler enqueues the policies of a ScaledObject that changed,
+// and forgets a deleted ScaledObject's cached scale check.
+type scaledObjectHandler struct {
+	handler.EventHandler
+	forget func(types.UID)
+}
+
+// Delete forgets the ScaledObject and enqueues its policies.
+func (h scaledObjectHandler) Delete(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	if e.Object != nil {
+		h.forget(e.Object.GetUID())
+	}
+	h.EventHandler.Delete(ctx, e, q)
+}
+
+// consumerNames is the IndexConsumer index function.
+func consumerNames(obj client.Object) []string {
+	pol, ok := obj.(*spillwayv1alpha1.DependencyPolicy)
+	if !ok {
+		return nil
+	}
+	names := make([]string, 0, len(pol.Spec.Consumers))
+	for _, c := range pol.Spec.Consumers {
+		names = append(names, c.ScaledObjectName)
+	}
+	return names
+}
+
+// ownerName is the IndexOwner index function.
+func ownerName(obj client.Object) []string {
+	if owner := obj.GetAnnotations()[AnnotationOwner]; owner != "" {
+		return []string{owner}
+	}
+	return nil
+}
+
+// jitter spreads a retry delay over ±20%, so policies that failed together
+// do not retry together.
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+func timesEqual(a, b *metav1.Time) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Equal(b)
+}
+
+// conditionsEqual compares conditions by what they say, ignoring their
+// transition times, which change only with their status anyway.
+func conditionsEqual(a, b []metav1.Condition) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, c := range a {
+		o := meta.FindStatusCondition(b, c.Type)
+		if o == nil || o.Status != c.Status || o.Reason != c.Reason || o.Message != c.Message || o.ObservedGeneration != c.ObservedGeneration {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,315 @@
+package controllers
+
+import (
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
+	"github.com/spillway-dev/spillway/internal/policy"
+	"github.com/spillway-dev/spillway/pkg/protocol"
+)
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// seedSpec is the seed's dependency: 40 concurrent calls, the ramp 5, 10,
+// 20, 40 one step per clean minute, the API's default breaker.
+func seedSpec() spillwayv1alpha1.DependencyPolicySpec {
+	return spillwayv1alpha1.DependencyPolicySpec{
+		Capacity: spillwayv1alpha1.Capacity{Concurrency: 40},
+		Ramp:     spillwayv1alpha1.Ramp{StepDuration: metav1.Duration{Duration: time.Minute}},
+		Breaker: spillwayv1alpha1.Breaker{
+			FailureRatio:   0.5,
+			MinCalls:       20,
+			Window:         metav1.Duration{Duration: 30 * time.Second},
+			OpenDuration:   metav1.Duration{Duration: 60 * time.Second},
+			HalfOpenProbes: 3,
+		},
+		RetryBudget: spillwayv1alpha1.RetryBudget{Ratio: 0.2, MinRetries: ptr.To[int32](10), Window: metav1.Duration{Duration: time.Minute}},
+		Backoff:     spillwayv1alpha1.Backoff{Base: metav1.Duration{Duration: time.Second}, Max: metav1.Duration{Duration: 5 * time.Minute}, Jitter: spillwayv1alpha1.JitterFull},
+	}
+}
+
+func seedParams(t *testing.T) policy.Params {
+	t.Helper()
+	p, err := policy.FromSpec(seedSpec())
+	if err != nil {
+		t.Fatalf("seed spec: %v", err)
+	}
+	return p
+}
+
+// evaluator runs Plan the way the reconciler does: each output is the next
+// input's Previous.
+type evaluator struct {
+	params policy.Params
+	clk    *clocktesting.FakeClock
+	pub    protocol.Published
+}
+
+func newEvaluator(t *testing.T) *evaluator {
+	e := &evaluator{params: seedParams(t), clk: clocktesting.NewFakeClock(t0)}
+	e.pub = RestoreFromStatus(spillwayv1alpha1.DependencyPolicyStatus{}, e.params, t0)
+	return e
+}
+
+func (e *evaluator) eval(w protocol.Window, p protocol.Probes) PlanOutput {
+	out := Plan(PlanInput{Params: e.params, Previous: e.pub, Window: w, Probes: p, Now: e.clk.Now()})
+	e.pub = out.Next
+	return out
+}
+
+func reasons(out PlanOutput) []string {
+	var rs []string
+	for _, t := range out.Transitions {
+		rs = append(rs, t.Reason)
+	}
+	return rs
+}
+
+// step is one evaluation of a scripted scenario: advance the clock, report
+// a window and probes, expect a state, limit, epoch and event reasons.
+type step struct {
+	name    string
+	advance time.Duration
+	window  protocol.Window
+	probes  protocol.Probes
+	state   protocol.State
+	limit   int64
+	epoch   int64
+	events  []string
+}
+
+func runSteps(t *testing.T, e *evaluator, steps []step) {
+	t.Helper()
+	for _, s := range steps {
+		e.clk.Step(s.advance)
+		out := e.eval(s.window, s.probes)
+		if out.Next.State != s.state || out.Next.Limit != s.limit || out.Next.Epoch != s.epoch || !equalStrings(reasons(out), s.events) {
+			t.Fatalf("%s: got state %s limit %d epoch %d events %v, want %s %d %d %v",
+				s.name, out.Next.State, out.Next.Limit, out.Next.Epoch, reasons(out), s.state, s.limit, s.epoch, s.events)
+		}
+	}
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+var (
+	burst   = protocol.Window{Calls: 20, Failures: 8, Timeouts: 2}
+	healthy = protocol.Window{Calls: 100, Successes: 100}
+	probes3 = protocol.Probes{Successes: 3}
+)
+
+func TestPlanSeedRecovery(t *testing.T) {
+	e := newEvaluator(t)
+	runSteps(t, e, []step{
+		{name: "first evaluation", state: protocol.Closed, limit: 40, epoch: 1},
+		{name: "healthy", advance: time.Second, window: healthy, state: protocol.Closed, limit: 40, epoch: 1},
+		{name: "19 calls cannot open", advance: time.Second, window: protocol.Window{Calls: 19, Failures: 19}, state: protocol.Closed, limit: 40, epoch: 1},
+		{name: "failures and timeouts open", advance: time.Second, window: burst, state: protocol.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
+		{name: "still open", advance: 59 * time.Second, window: burst, state: protocol.Open, limit: 0, epoch: 2},
+		{name: "half-open after 60s", advance: time.Second, state: protocol.HalfOpen, limit: 3, epoch: 3, events: []string{EventHalfOpened}},
+		{name: "two probes are not enough", advance: time.Second, probes: protocol.Probes{Successes: 2}, state: protocol.HalfOpen, limit: 3, epoch: 3},
+		{name: "three probes close", advance: time.Second, probes: probes3, state: protocol.Ramping, limit: 5, epoch: 4, events: []string{EventClosed}},
+		{name: "59 clean seconds", advance: 59 * time.Second, window: healthy, state: protocol.Ramping, limit: 5, epoch: 4},
+		{name: "one clean minute", advance: time.Second, window: healthy, state: protocol.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
+		{name: "two clean minutes", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 20, epoch: 4, events: []string{EventRampStep}},
+		{name: "three clean minutes", advance: time.Minute, window: healthy, state: protocol.Closed, limit: 40, epoch: 5, events: []string{EventRampStep}},
+		{name: "closed stays closed", advance: time.Minute, window: healthy, state: protocol.Closed, limit: 40, epoch: 5},
+	})
+	if e.pub.OpenUntil != (time.Time{}) {
+		t.Errorf("OpenUntil = %v once closed, want zero", e.pub.OpenUntil)
+	}
+}
+
+func TestPlanErrorsMidRampRestartFromBottom(t *testing.T) {
+	e := newEvaluator(t)
+	runSteps(t, e, []step{
+		{name: "closed", state: protocol.Closed, limit: 40, epoch: 1},
+		{name: "open", advance: time.Second, window: burst, state: protocol.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
+		{name: "half-open", advance: time.Minute, state: protocol.HalfOpen, limit: 3, epoch: 3, events: []string{EventHalfOpened}},
+		{name: "closed, ramp at 5", advance: time.Second, probes: probes3, state: protocol.Ramping, limit: 5, epoch: 4, events: []string{EventClosed}},
+		{name: "ramp at 10", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
+		{name: "errors mid-ramp reopen", advance: 10 * time.Second, window: burst, state: protocol.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
+		{name: "half-open again", advance: time.Minute, state: protocol.HalfOpen, limit: 3, epoch: 6, events: []string{EventHalfOpened}},
+		{name: "a probe fails", advance: time.Second, probes: protocol.Probes{Successes: 1, Timeouts: 1}, state: protocol.Open, limit: 0, epoch: 7, events: []string{EventOpened}},
+		{name: "half-open a third time", advance: time.Minute, state: protocol.HalfOpen, limit: 3, epoch: 8, events: []string{EventHalfOpened}},
+		{name: "closed: the ramp restarts from 5", advance: time.Second, probes: probes3, state: protocol.Ramping, limit: 5, epoch: 9, events: []string{EventClosed}},
+		{name: "then 10", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 10, epoch: 9, events: []string{EventRampStep}},
+	})
+}
+
+func TestPlanPublishesParamsAndPersistedState(t *testing.T) {
+	e := newEvaluator(t)
+	e.eval(protocol.Window{}, protocol.Probes{})
+	e.clk.Step(time.Second)
+	out := e.eval(burst, protocol.Probes{})
+	n := out.Next
+	opened := t0.Add(time.Second)
+	g := NewWithT(t)
+	g.Expect(n.State).To(Equal(protocol.Open))
+	g.Expect(n.OpenUntil).To(Equal(opened.Add(time.Minute)))
+	g.Expect(n.BreakerSince).To(Equal(opened))
+	g.Expect(n.RampStep).To(Equal(0), "the ramp is reset while open")
+	g.Expect(n.Capacity).To(Equal(int64(40)))
+	g.Expect(n.BreakerWindow).To(Equal(30 * time.Second))
+	g.Expect(n.Backoff).To(Equal(e.params.Backoff))
+	g.Expect(n.Budget).To(Equal(e.params.Budget))
+	g.Expect(out.Transitions).To(HaveLen(1))
+	g.Expect(out.Transitions[0].From).To(Equal(protocol.Closed))
+	g.Expect(out.Transitions[0].To).To(Equal(protocol.Open))
+	g.Expect(out.Transitions[0].Message).To(ContainSubstring("10 of 20 calls failed or timed out"))
+}
+
+func TestPlanAdvancesAtMostOneStepAfterAGap(t *testing.T) {
+	g := NewWithT(t)
+	p := seedParams(t)
+	prev := protocol.Published{
+		State: protocol.Ramping, Epoch: 4, BreakerSince: t0, RampStep: 1, RampStepStarted: t0,
+	}
+	out := Plan(PlanInput{Params: p, Previous: prev, Window: healthy, Now: t0.Add(time.Hour)})
+	g.Expect(out.Next.State).To(Equal(protocol.Ramping))
+	g.Expect(out.Next.Limit).To(Equal(int64(20)), "one step up from 10, not the full capacity")
+	g.Expect(out.Next.RampStep).To(Equal(2))
+	g.Expect(out.Next.Epoch).To(Equal(int64(4)))
+}
+
+func TestPlanCapacityChangeKeepsAClosedBreakerClosed(t *testing.T) {
+	g := NewWithT(t)
+	spec := seedSpec()
+	spec.Capacity.Concurrency = 400
+	p, err := policy.FromSpec(spec)
+	g.Expect(err).NotTo(HaveOccurred())
+	prev := protocol.Published{State: protocol.Closed, Epoch: 3, BreakerSince: t0, RampStep: 3, RampStepStarted: t0}
+	out := Plan(PlanInput{Params: p, Previous: prev, Window: healthy, Now: t0.Add(time.Second)})
+	g.Expect(out.Next.State).To(Equal(protocol.Closed))
+	g.Expect(out.Next.Limit).To(Equal(int64(400)))
+	g.Expect(out.Transitions).To(BeEmpty())
+}
+
+func TestPlanIgnoresFailuresFromBeforeTheBreakerClosed(t *testing.T) {
+	g := NewWithT(t)
+	p := seedParams(t)
+	closedAt := t0.Add(-5 * time.Second)
+	prev := protocol.Published{State: protocol.Ramping, Epoch: 4, BreakerSince: closedAt, RampStep: 0, RampStepStarted: closedAt}
+	g.Expect(WindowStart(p, prev, t0)).To(Equal(closedAt), "the window starts at the close, not 30s back")
+	prev.BreakerSince = t0.Add(-time.Hour)
+	g.Expect(WindowStart(p, prev, t0)).To(Equal(t0.Add(-30 * time.Second)))
+}
+
+func TestPlanSingleStepRampClosesStraightAway(t *testing.T) {
+	g := NewWithT(t)
+	spec := seedSpec()
+	spec.Capacity.Concurrency = 3
+	spec.Ramp.Steps = []int32{3}
+	p, err := policy.FromSpec(spec)
+	g.Expect(err).NotTo(HaveOccurred())
+	prev := protocol.Published{State: protocol.HalfOpen, Epoch: 3, BreakerSince: t0}
+	out := Plan(PlanInput{Params: p, Previous: prev, Probes: probes3, Now: t0.Add(time.Second)})
+	g.Expect(out.Next.State).To(Equal(protocol.Closed))
+	g.Expect(out.Next.Limit).To(Equal(int64(3)))
+	g.Expect(out.Next.Epoch).To(Equal(int64(4)))
+	g.Expect(reasons(out)).To(Equal([]string{EventClosed}))
+}
+
+func TestLimit(t *testing.T) {
+	p := seedParams(t)
+	tests := []struct {
+		state protocol.State
+		ramp  int64
+		want  int64
+	}{
+		{protocol.Open, 10, 0},
+		{protocol.HalfOpen, 10, 3},
+		{protocol.Ramping, 10, 10},
+		{protocol.Closed, 10, 40},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.state), func(t *testing.T) {
+			if got := Limit(p, tt.state, tt.ramp); got != tt.want {
+				t.Errorf("Limit(%s) = %d, want %d", tt.state, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestRestoreFromStatus(t *testing.T) {
+	p := seedParams(t)
+	now := t0.Add(30 * time.Second) // the breaker opened at t0 half-opens at t0+60s
+	ltt := &metav1.Time{Time: t0}
+	tests := []struct {
+		name   string
+		status spillwayv1alpha1.DependencyPolicyStatus
+		want   protocol.Published
+		limit  int64
+	}{
+		{
+			name:   "never evaluated: closed at full capacity",
+			status: spillwayv1alpha1.DependencyPolicyStatus{},
+			want:   protocol.Published{State: protocol.Closed, BreakerSince: now, RampStep: 3, RampStepStarted: now},
+			limit:  40,
+		},
+		{
+			name:   "closed keeps its transition time",
+			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateClosed, RampStep: 3, LastTransitionTime: ltt},
+			want:   protocol.Published{State: protocol.Closed, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
+			limit:  40,
+		},
+		{
+			name:   "open keeps its transition time",
+			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateOpen, LastTransitionTime: ltt},
+			want:   protocol.Published{State: protocol.Open, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
+			limit:  0,
+		},
+		{
+			name:   "half-open",
+			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateHalfOpen, LastTransitionTime: ltt},
+			want:   protocol.Published{State: protocol.HalfOpen, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
+			limit:  3,
+		},
+		{
+			name:   "ramping continues at its step, restarted now",
+			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateRamping, RampStep: 2, LastTransitionTime: ltt},
+			want:   protocol.Published{State: protocol.Ramping, BreakerSince: t0, RampStep: 2, RampStepStarted: now},
+			limit:  20,
+		},
+		{
+			name:   "a step beyond the schedule is clamped",
+			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateRamping, RampStep: 9, LastTransitionTime: ltt},
+			want:   protocol.Published{State: protocol.Ramping, BreakerSince: t0, RampStep: 3, RampStepStarted: now},
+		},
+		{
+			name:   "a transition time in the future is now",
+			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateOpen, LastTransitionTime: &metav1.Time{Time: now.Add(time.Hour)}},
+			want:   protocol.Published{State: protocol.Open, BreakerSince: now, RampStep: 3, RampStepStarted: now},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			got := RestoreFromStatus(tt.status, p, now)
+			g.Expect(got).To(Equal(tt.want))
+			if tt.limit != 0 || tt.want.State == protocol.Open {
+				// The first plan from a restored state keeps it, at epoch 1.
+				out := Plan(PlanInput{Params: p, Previous: got, Now: now})
+				g.Expect(out.Next.State).To(Equal(tt.want.State))
+				g.Expect(out.Next.Limit).To(Equal(tt.limit))
+				g.Expect(out.Next.Epoch).To(Equal(int64(1)))
+			}
+		})
+	}
+}
