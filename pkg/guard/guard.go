@@ -63,6 +63,11 @@ type Options struct {
 	// DeferDelay is the After of refusals that carry no better hint (Redis
 	// unavailable, no policy). Default 1s, jittered.
 	DeferDelay time.Duration
+	// ThrottleDelay caps the After of a refusal because every slot is held:
+	// a slot usually frees long before the first lease expires. Default
+	// 200ms; the After is drawn from its upper half, so deferred jobs do not
+	// come back together.
+	ThrottleDelay time.Duration
 	// Classify maps a call's error to the outcome reported to the fleet.
 	// Default: nil is a success, a Permanent error a success (the dependency
 	// answered), context.DeadlineExceeded a timeout, anything else a failure.
@@ -150,6 +155,7 @@ func (o Options) withDefaults() (Options, error) {
 		{&o.RedisTimeout, "RedisTimeout", 50 * time.Millisecond},
 		{&o.JobTTL, "JobTTL", 24 * time.Hour},
 		{&o.DeferDelay, "DeferDelay", time.Second},
+		{&o.ThrottleDelay, "ThrottleDelay", 200 * time.Millisecond},
 	} {
 		if err := def(f.d, f.name, f.v); err != nil {
 			return o, err
@@ -313,7 +319,8 @@ func (g *Guard) refusal(adm protocol.Admission) *Error {
 	case protocol.RefusedOpen:
 		return &Error{Action: ActionDefer, Reason: ErrOpen, After: g.jitterUp(adm.Wait)}
 	case protocol.RefusedThrottled:
-		return &Error{Action: ActionDefer, Reason: ErrThrottled, After: adm.Wait}
+		d := min(adm.Wait, g.opts.ThrottleDelay)
+		return &Error{Action: ActionDefer, Reason: ErrThrottled, After: d/2 + time.Duration(g.rnd.Float64()*float64(d/2))}
 	case protocol.RefusedRate:
 		return &Error{Action: ActionDefer, Reason: ErrRateLimited, After: adm.Wait}
 	case protocol.RefusedSuperseded:
