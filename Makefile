@@ -69,9 +69,14 @@ bench: envtest redis ## Run the benchmarks whose figures go in docs/benchmarks.m
 
 ##@ Build and run
 
+.PHONY: demo
+demo: envtest redis ## Replay an outage on loopback, live, and write spillway-demo.png.
+	go run ./cmd/spillway demo
+
 .PHONY: build
 build: ## Build the manager and the spillway CLI into bin/.
 	go build -o bin/manager ./cmd/manager
+	go build -o bin/spillway ./cmd/spillway
 
 .PHONY: run
 run: ## Run the manager against the current kubeconfig.

@@ -1,7 +1,8 @@
-// Command spillway is Spillway's command-line tool. Its first subcommand,
-// simulate, replays an outage in virtual time against the shipped breaker,
-// ramp, backoff and retry-budget code, for several caller policies side by
-// side.
+// Command spillway is Spillway's command-line tool. simulate replays an
+// outage in virtual time against the shipped breaker, ramp, backoff and
+// retry-budget code, for several caller policies side by side; demo replays
+// one for real on loopback, with the control plane, Redis, the controller and
+// workers using the library.
 package main
 
 import (
@@ -27,6 +28,7 @@ type command struct {
 // commands lists the subcommands; add new ones here.
 var commands = []command{
 	{name: "simulate", summary: "replay an outage and compare retry policies", run: runSimulate},
+	{name: "demo", summary: "replay an outage for real on loopback: control plane, Redis, controller, workers", run: runDemo},
 }
 
 func main() {
