@@ -15,6 +15,11 @@
 //	Open     --(OpenDuration elapsed since entering Open)-------------> HalfOpen
 //	HalfOpen --(any probe failure)------------------------------------> Open
 //	HalfOpen --(HalfOpenProbes successful probes, no failure)---------> Closed
+//	HalfOpen --(OpenDuration elapsed without enough probe successes)--> Open
+//
+// The last rule keeps a breaker from waiting forever on probes that never
+// report (a worker that died holding one): it reopens, and the next HalfOpen
+// admits fresh probes.
 package breaker
 
 import (
@@ -225,7 +230,10 @@ func (b *Breaker) next(now time.Time, window, probes Counts) (State, bool) {
 		if probes.Failures > 0 {
 			return Open, true
 		}
-		return Closed, probes.Calls-probes.Failures >= max(b.cfg.HalfOpenProbes, 1)
+		if probes.Calls-probes.Failures >= max(b.cfg.HalfOpenProbes, 1) {
+			return Closed, true
+		}
+		return Open, now.Sub(b.since) >= b.cfg.OpenDuration
 	}
 	return "", false
 }

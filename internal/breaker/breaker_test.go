@@ -404,3 +404,25 @@ func TestConcurrentUse(t *testing.T) {
 		t.Fatalf("State() = %q, want Open (clock never advanced)", b.State())
 	}
 }
+
+// Probes that never report (their worker died) must not hold the breaker half
+// open forever: after OpenDuration it reopens, and the next HalfOpen admits
+// fresh probes.
+func TestHalfOpenReopensWhenProbesNeverReport(t *testing.T) {
+	cfg := testConfig()
+	clk := newClock()
+	b := Restore(cfg, clk, Snapshot{State: HalfOpen, Since: t0})
+	clk.Advance(cfg.OpenDuration - time.Millisecond)
+	if _, ok := b.Evaluate(Counts{}, Counts{Calls: cfg.HalfOpenProbes - 1}); ok {
+		t.Fatalf("reopened before OpenDuration: %+v", b.Snapshot())
+	}
+	clk.Advance(time.Millisecond)
+	tr, ok := b.Evaluate(Counts{}, Counts{Calls: cfg.HalfOpenProbes - 1})
+	if !ok || tr.To != Open {
+		t.Fatalf("Evaluate() = %+v, %v; want a transition to Open after OpenDuration", tr, ok)
+	}
+	clk.Advance(cfg.OpenDuration)
+	if tr, ok := b.Evaluate(Counts{}, Counts{}); !ok || tr.To != HalfOpen {
+		t.Fatalf("Evaluate() = %+v, %v; want HalfOpen again", tr, ok)
+	}
+}

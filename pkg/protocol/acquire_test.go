@@ -136,16 +136,32 @@ func TestAcquireHalfOpenAdmitsProbes(t *testing.T) {
 		p.State = protocol.HalfOpen
 		p.Epoch = 4
 		mustPublish(t, c, p)
+		var probes []protocol.Admission
 		for range 2 {
-			if a := mustAdmit(t, c, 10*time.Second); a.Epoch != 4 {
+			a := mustAdmit(t, c, 10*time.Second)
+			if a.Epoch != 4 {
 				t.Errorf("probe admitted at epoch %d, want 4", a.Epoch)
 			}
+			probes = append(probes, a)
 		}
 		for range 3 {
 			if a := mustAcquire(t, c, 10*time.Second); a.Code != protocol.RefusedThrottled || a.Limit != 2 {
 				t.Errorf("third probe = %+v, want throttled with limit 2", a)
 			}
 		}
+		// The limit counts probes per epoch, not at a time: a probe that
+		// failed fast makes no room for another before the controller
+		// decides.
+		for _, a := range probes {
+			mustRelease(t, c, a, protocol.Failure, 1)
+		}
+		if a := mustAcquire(t, c, 10*time.Second); a.Code != protocol.RefusedThrottled {
+			t.Errorf("probe after the epoch's probes ended = %+v, want throttled", a)
+		}
+		// The next HalfOpen epoch admits fresh probes.
+		p.Epoch = 6
+		mustPublish(t, c, p)
+		mustAdmit(t, c, 10*time.Second)
 	})
 }
 

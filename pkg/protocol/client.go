@@ -41,7 +41,7 @@ func NewClient(rdb redis.UniversalClient, d Dependency) (*Client, error) {
 		rdb:         rdb,
 		dep:         d,
 		keys:        k,
-		acquireKeys: []string{k.State, k.Leases, k.GCRA},
+		acquireKeys: []string{k.State, k.Leases, k.GCRA, k.Probes},
 		releaseKeys: []string{k.State, k.Leases, k.Stats, k.Probes},
 		renewKeys:   []string{k.Leases},
 		budgetKeys:  []string{k.State, k.Stats},
@@ -64,8 +64,9 @@ const (
 	Admitted Code = 0
 	// RefusedOpen: the breaker is open; Wait is the time until probes start.
 	RefusedOpen Code = 1
-	// RefusedThrottled: every slot is held; Wait is the time until the first
-	// lease expires (a bound, not a promise: a release frees one sooner).
+	// RefusedThrottled: every slot is held, or, HalfOpen, every probe of
+	// the epoch was admitted; Wait is the time until the first lease expires
+	// (a bound, not a promise: a release frees one sooner), 0 for probes.
 	RefusedThrottled Code = 2
 	// RefusedRate: the rate limit is reached; Wait is when the next call may
 	// start.
@@ -146,7 +147,7 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 		if a.JobTTL < time.Millisecond {
 			return Admission{}, fmt.Errorf("job ttl must be at least 1ms, got %v", a.JobTTL)
 		}
-		keys = []string{c.keys.State, c.keys.Leases, c.keys.GCRA, c.keys.Job(a.JobKey)}
+		keys = []string{c.keys.State, c.keys.Leases, c.keys.GCRA, c.keys.Probes, c.keys.Job(a.JobKey)}
 		args = append(args, a.JobVersion, a.JobTTL.Milliseconds())
 	}
 	res, err := acquireScript.Run(ctx, c.rdb, keys, args...).Slice()

@@ -145,7 +145,7 @@ func TestPublishNewEpochClearsProbes(t *testing.T) {
 	t.Parallel()
 	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
 		c := newClient(t, rdb)
-		p := policy(3)
+		p := policy(4)
 		p.State = protocol.HalfOpen
 		p.Epoch = 2
 		mustPublish(t, c, p)

@@ -1,5 +1,5 @@
 -- acquire: admit one call, or say why not.
--- KEYS[1] state  KEYS[2] leases  KEYS[3] gcra  [KEYS[4] job]
+-- KEYS[1] state  KEYS[2] leases  KEYS[3] gcra  KEYS[4] probes  [KEYS[5] job]
 -- ARGV[1] lease id  ARGV[2] lease ttl ms  [ARGV[3] job version  ARGV[4] job ttl ms]
 -- Returns {code, ...}: 0 admitted {0, epoch, limit, member, state}; 1 open {1, ms until
 -- probes}; 2 throttled {2, ms until the first lease expires, held, limit};
@@ -13,8 +13,8 @@ if st[1] ~= '1' then return {6, tonumber(st[1]) or -1} end
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 
-if KEYS[4] then
-  local newest = redis.call('GET', KEYS[4])
+if KEYS[5] then
+  local newest = redis.call('GET', KEYS[5])
   if newest and tonumber(newest) > tonumber(ARGV[3]) then return {4, newest} end
 end
 
@@ -33,6 +33,14 @@ if held >= limit then
   return {2, wait, held, limit}
 end
 
+-- HalfOpen admits `limit` probe calls per epoch in all, not `limit` at a
+-- time: a probe that fails fast must not make room for the next one before
+-- the controller has seen the failure. A new epoch clears the probes hash.
+local probing = st[2] == 'HalfOpen'
+if probing and (tonumber(redis.call('HGET', KEYS[4], 'admitted')) or 0) >= limit then
+  return {2, 0, held, limit}
+end
+
 local interval = math.floor(tonumber(st[5]) or 0)
 if interval > 0 then
   local burst = math.max(1, math.floor(tonumber(st[6]) or 1))
@@ -44,9 +52,10 @@ if interval > 0 then
   redis.call('SET', KEYS[3], int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
 end
 
+if probing then redis.call('HINCRBY', KEYS[4], 'admitted', 1) end
 local member = st[4] .. ':' .. ARGV[1]
 redis.call('ZADD', KEYS[2], int(now_ms + tonumber(ARGV[2])), member)
-if KEYS[4] then
-  redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[4])
+if KEYS[5] then
+  redis.call('SET', KEYS[5], ARGV[3], 'PX', ARGV[4])
 end
 return {0, tonumber(st[4]), limit, member, st[2]}
