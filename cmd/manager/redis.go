@@ -34,20 +34,9 @@ func newRedisClient(o redisOptions) (redis.UniversalClient, error) {
 			return o.username, password, err
 		}
 	}
-	if o.cluster {
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                      o.addrs,
-			Username:                   o.username,
-			CredentialsProviderContext: creds,
-			TLSConfig:                  tlsConfig,
-			DialTimeout:                o.timeout,
-			ReadTimeout:                o.timeout,
-			WriteTimeout:               o.timeout,
-			ContextTimeoutEnabled:      true,
-		}), nil
-	}
-	return redis.NewClient(&redis.Options{
-		Addr:                       o.addrs[0],
+	return redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:                      o.addrs,
+		IsClusterMode:              o.cluster,
 		Username:                   o.username,
 		CredentialsProviderContext: creds,
 		TLSConfig:                  tlsConfig,
