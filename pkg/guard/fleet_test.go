@@ -247,7 +247,7 @@ func TestKilledHolderSlotsReturnWithinTheLeaseTTL(t *testing.T) {
 		elapsed := time.Since(killed)
 		t.Logf("all %d slots back %v after SIGKILL (lease TTL %v, renewed every %v)", slots, elapsed, ttl, ttl/3)
 		g.Expect(got).To(Equal(slots))
-		g.Expect(elapsed).To(BeNumerically("<=", ttl+150*time.Millisecond), "not later than the lease TTL")
+		g.Expect(elapsed).To(BeNumerically("<=", ttl+300*time.Millisecond), "not later than the lease TTL (and the polling that sees it)")
 		g.Expect(elapsed).To(BeNumerically(">=", ttl*2/3-100*time.Millisecond), "not before the leases expire")
 	})
 }
