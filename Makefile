@@ -79,5 +79,5 @@ build: ## Build the manager and the spillway CLI into bin/.
 	go build -o bin/spillway ./cmd/spillway
 
 .PHONY: run
-run: ## Run the manager against the current kubeconfig.
-	go run ./cmd/manager
+run: ## Run the manager against the current kubeconfig and a Redis at 127.0.0.1:6379 (more flags: ARGS=...).
+	go run ./cmd/manager --leader-elect=false $(ARGS)
