@@ -32,7 +32,10 @@ func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission) 
 		p.probeEpoch = adm.Epoch // only probes are checked against the epoch
 	}
 	p.ctx, p.cancel = context.WithCancelCause(withAttempt(ctx, job.attempt()))
+	// The timer's callback takes p.mu, so it sees p.renewer assigned.
+	p.mu.Lock()
 	p.renewer = time.AfterFunc(g.opts.LeaseTTL/3, p.renew)
+	p.mu.Unlock()
 	return p
 }
 
