@@ -23,7 +23,9 @@ const (
 
 type attemptKey struct{}
 
-func withAttempt(ctx context.Context, attempt int) context.Context {
+// WithAttempt returns ctx carrying the attempt number, for calls made outside
+// a Permit (a Permit's context already carries it).
+func WithAttempt(ctx context.Context, attempt int) context.Context {
 	return context.WithValue(ctx, attemptKey{}, attempt)
 }
 

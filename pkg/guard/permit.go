@@ -31,7 +31,7 @@ func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission) 
 	if adm.State == protocol.HalfOpen {
 		p.probeEpoch = adm.Epoch // only probes are checked against the epoch
 	}
-	p.ctx, p.cancel = context.WithCancelCause(withAttempt(ctx, job.attempt()))
+	p.ctx, p.cancel = context.WithCancelCause(WithAttempt(ctx, job.attempt()))
 	// The timer's callback takes p.mu, so it sees p.renewer assigned.
 	p.mu.Lock()
 	p.renewer = time.AfterFunc(g.opts.LeaseTTL/3, p.renew)
@@ -41,7 +41,7 @@ func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission) 
 
 func (g *Guard) newLocalPermit(ctx context.Context, job Job) *Permit {
 	p := &Permit{g: g, job: job, local: true}
-	p.ctx, p.cancel = context.WithCancelCause(withAttempt(ctx, job.attempt()))
+	p.ctx, p.cancel = context.WithCancelCause(WithAttempt(ctx, job.attempt()))
 	return p
 }
 
