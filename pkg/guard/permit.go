@@ -82,7 +82,8 @@ func (p *Permit) renew() {
 // then decides what happens to the job: nil on success, callErr itself for a
 // Permanent error, or an *Error with ActionRetry (after a jittered backoff, or
 // no earlier than the server's Retry-After) or ActionPark (the fleet's retry
-// budget is spent). Done works after the caller's context is cancelled.
+// budget is spent, or Redis could not say whether it is). Done works after
+// the caller's context is cancelled.
 func (p *Permit) Done(callErr error) error {
 	p.mu.Lock()
 	if p.done {
@@ -94,7 +95,6 @@ func (p *Permit) Done(callErr error) error {
 		p.renewer.Stop()
 	}
 	p.mu.Unlock()
-	lost := context.Cause(p.ctx) == ErrLeaseLost
 	p.cancel(context.Canceled)
 
 	g := p.g
@@ -116,9 +116,8 @@ func (p *Permit) Done(callErr error) error {
 	var perm *permanentError
 	switch {
 	case callErr == nil:
-		if lost {
-			return &Error{Action: ActionRetry, Reason: ErrLeaseLost, After: g.backoff().Delay(p.job.attempt(), g.rnd)}
-		}
+		// Done, even if the lease was lost meanwhile (counted when renew
+		// found it gone): running the job again would repeat its effects.
 		return nil
 	case errors.As(callErr, &perm):
 		return perm.err
