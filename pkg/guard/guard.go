@@ -317,7 +317,9 @@ func (g *Guard) refusal(adm protocol.Admission) *Error {
 	case protocol.Admitted:
 		return nil
 	case protocol.RefusedOpen:
-		return &Error{Action: ActionDefer, Reason: ErrOpen, After: g.jitterUp(adm.Wait)}
+		// Past open_until the breaker waits for the controller's next
+		// evaluation: never hint 0, or deferred jobs would spin.
+		return &Error{Action: ActionDefer, Reason: ErrOpen, After: g.jitterUp(max(adm.Wait, g.opts.ThrottleDelay))}
 	case protocol.RefusedThrottled:
 		d := min(adm.Wait, g.opts.ThrottleDelay)
 		return &Error{Action: ActionDefer, Reason: ErrThrottled, After: d/2 + time.Duration(g.rnd.Float64()*float64(d/2))}

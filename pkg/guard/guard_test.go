@@ -608,3 +608,16 @@ func TestFleetRateLimit(t *testing.T) {
 	}
 	g.Expect(time.Since(start)).To(BeNumerically(">=", 900*time.Millisecond), "20 calls at 20/s take about a second")
 }
+
+// An Open breaker past its openUntil (the controller has not moved it to
+// HalfOpen yet) still defers jobs for a moment, never for zero.
+func TestOpenPastItsDeadlineNeverHintsZero(t *testing.T) {
+	rdb := fastClient(redistest.Start(t))
+	p := defaultPublished(0)
+	p.State = protocol.Open
+	p.OpenUntil = time.Now().Add(-time.Second)
+	publish(t, rdb, p)
+	gd := newGuard(t, rdb, guard.Options{})
+	after := wantDecision(t, gd.Do(t.Context(), guard.Job{}, ok), guard.ActionDefer, guard.ErrOpen)
+	NewWithT(t).Expect(after).To(BeNumerically(">=", 200*time.Millisecond))
+}
