@@ -321,7 +321,10 @@ func (g *Guard) refusal(adm protocol.Admission) *Error {
 		// evaluation: never hint 0, or deferred jobs would spin.
 		return &Error{Action: ActionDefer, Reason: ErrOpen, After: g.jitterUp(max(adm.Wait, g.opts.ThrottleDelay))}
 	case protocol.RefusedThrottled:
-		d := min(adm.Wait, g.opts.ThrottleDelay)
+		d := g.opts.ThrottleDelay
+		if adm.Wait > 0 {
+			d = min(adm.Wait, d) // the first lease expires sooner
+		}
 		return &Error{Action: ActionDefer, Reason: ErrThrottled, After: d/2 + time.Duration(g.rnd.Float64()*float64(d/2))}
 	case protocol.RefusedRate:
 		return &Error{Action: ActionDefer, Reason: ErrRateLimited, After: adm.Wait}

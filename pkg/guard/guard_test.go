@@ -197,7 +197,8 @@ func TestHalfOpenAdmitsOnlyProbes(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred())
 	}
 	_, err := gd.Acquire(t.Context(), guard.Job{})
-	wantDecision(t, err, guard.ActionDefer, guard.ErrThrottled)
+	after := wantDecision(t, err, guard.ActionDefer, guard.ErrThrottled)
+	g.Expect(after).To(BeNumerically(">=", 100*time.Millisecond), "every probe was admitted: wait for the controller, do not spin")
 }
 
 func TestStaleJobsAreDroppedBeforeAnyCall(t *testing.T) {
