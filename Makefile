@@ -78,6 +78,12 @@ build: ## Build the manager and the spillway CLI into bin/.
 	go build -o bin/manager ./cmd/manager
 	go build -o bin/spillway ./cmd/spillway
 
+IMG ?= ghcr.io/spillway-dev/spillway-manager:v0.1.0
+
+.PHONY: docker-build
+docker-build: ## Build the manager image (needs a Docker engine).
+	docker build -t $(IMG) .
+
 .PHONY: run
 run: ## Run the manager against the current kubeconfig and a Redis at 127.0.0.1:6379 (more flags: ARGS=...).
 	go run ./cmd/manager --leader-elect=false $(ARGS)
