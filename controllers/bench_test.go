@@ -23,11 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/redistest"
@@ -63,30 +59,7 @@ func startBenchManager(b *testing.B, ns string, rdb redis.UniversalClient, opts 
 	b.Helper()
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = 100, 200
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		b.Fatalf("failed to create the manager: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &DependencyPolicyReconciler{Redis: rdb, Options: opts}
-	if err := r.SetupWithManager(ctx, mgr); err != nil {
-		cancel()
-		b.Fatalf("failed to set up the controller: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	b.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Errorf("manager exited with an error: %v", err)
-		}
-	})
+	startManagerWithConfig(b, cfg, ns, rdb, opts)
 }
 
 // createPolicies creates n policies named p0000.. with testSpec, each with

@@ -18,6 +18,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -44,17 +45,7 @@ func TestMain(m *testing.M) {
 	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(out), zap.UseDevMode(true)))
 
-	var err error
-	env, err = testenv.Start()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "failed to start envtest: %v\n", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "failed to stop envtest: %v\n", err)
-	}
-	os.Exit(code)
+	testenv.RunTests(m, &env)
 }
 
 // interval is the evaluation interval of the integration tests.
@@ -98,7 +89,14 @@ type testManager struct {
 // or stop is called.
 func startManager(t testing.TB, ns string, rdb redis.UniversalClient, opts Options) *testManager {
 	t.Helper()
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+	return startManagerWithConfig(t, env.Config, ns, rdb, opts)
+}
+
+// startManagerWithConfig is startManager with a REST config of its own (API
+// rate limits, say).
+func startManagerWithConfig(t testing.TB, cfg *rest.Config, ns string, rdb redis.UniversalClient, opts Options) *testManager {
+	t.Helper()
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",

@@ -34,17 +34,7 @@ import (
 var env *testenv.Env
 
 func TestMain(m *testing.M) {
-	var err error
-	env, err = testenv.Start()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "failed to start envtest: %v\n", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "failed to stop envtest: %v\n", err)
-	}
-	os.Exit(code)
+	testenv.RunTests(m, &env)
 }
 
 // newNamespace creates a namespace of its own for one test.

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
+	"testing"
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -135,4 +136,21 @@ func kedaCRDDir() (string, error) {
 		return "", errors.New("the KEDA module is not downloaded: run 'go mod download'")
 	}
 	return filepath.Join(dir, "config", "crd", "bases"), nil
+}
+
+// RunTests is a package's TestMain: it starts the control plane into *env,
+// runs the package's tests, stops the control plane and exits with the
+// tests' code.
+func RunTests(m *testing.M, env **Env) {
+	e, err := Start()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "failed to start envtest: %v\n", err)
+		os.Exit(1)
+	}
+	*env = e
+	code := m.Run()
+	if err := e.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "failed to stop envtest: %v\n", err)
+	}
+	os.Exit(code)
 }
