@@ -28,7 +28,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"time"
 
@@ -267,7 +266,7 @@ func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
 		return nil, fmt.Errorf("job version must be in [0, 2^53), got %d", job.Version)
 	}
 	args := protocol.AcquireArgs{
-		LeaseID:    leaseID(),
+		LeaseID:    protocol.NewLeaseID(),
 		TTL:        g.opts.LeaseTTL,
 		JobKey:     job.Key,
 		JobVersion: job.Version,
@@ -410,14 +409,6 @@ func Classify(err error) protocol.Outcome {
 		return protocol.Timeout
 	}
 	return protocol.Failure
-}
-
-func leaseID() string {
-	var b [32]byte
-	s := strconv.AppendUint(b[:0], rand.Uint64(), 36)
-	s = append(s, '-')
-	s = strconv.AppendUint(s, rand.Uint64(), 36)
-	return string(s)
 }
 
 // globalRand draws from math/rand/v2's global, concurrency-safe source.

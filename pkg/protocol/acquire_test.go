@@ -401,12 +401,12 @@ func TestReleaseHeld(t *testing.T) {
 			t.Error("release without a member = true, want false")
 		}
 
-		// Expired, and reclaimed by another acquisition meanwhile.
+		// Expired, and swept by the controller's window meanwhile.
 		b := mustAdmit(t, c, 50*time.Millisecond)
 		time.Sleep(100 * time.Millisecond)
-		mustAdmit(t, c, 10*time.Second)
+		mustWindow(t, c, time.Minute, time.Time{})
 		if mustRelease(t, c, b, protocol.Success, 1) {
-			t.Error("release of an expired, reclaimed lease = true, want false")
+			t.Error("release of an expired, swept lease = true, want false")
 		}
 		w, _ := mustWindow(t, c, time.Minute, time.Time{})
 		if w.Calls != 4 {
@@ -415,17 +415,47 @@ func TestReleaseHeld(t *testing.T) {
 	})
 }
 
-// TestReleaseExpiredNotReclaimed: Release must say false for a lease whose
-// TTL passed even when no acquisition has swept it out of the sorted set yet.
-func TestReleaseExpiredNotReclaimed(t *testing.T) {
+// TestExpiredLeases: an expired lease stops counting at once, before anything
+// sweeps it; a refused acquisition and the controller's window sweep it, and
+// its release then says it was gone.
+func TestExpiredLeases(t *testing.T) {
 	t.Parallel()
 	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
 		c := newClient(t, rdb)
-		mustPublish(t, c, policy(5))
-		a := mustAdmit(t, c, 50*time.Millisecond)
+		mustPublish(t, c, policy(1))
+		leases := func() int64 {
+			t.Helper()
+			n, err := rdb.ZCard(ctxT(t), c.Keys().Leases).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+
+		dead := mustAdmit(t, c, 50*time.Millisecond)
 		time.Sleep(100 * time.Millisecond)
-		if mustRelease(t, c, a, protocol.Success, 1) {
-			t.Error("release of an expired lease = true, want false")
+		live := mustAdmit(t, c, 10*time.Second) // the expired lease does not count
+		if n := leases(); n != 2 {
+			t.Fatalf("leases after an admission = %d, want 2 (admission does not sweep)", n)
+		}
+		if a := mustAcquire(t, c, time.Second); a.Code != protocol.RefusedThrottled || a.Held != 1 {
+			t.Fatalf("third acquisition = %+v, want throttled with 1 held", a)
+		}
+		if n := leases(); n != 1 {
+			t.Fatalf("leases after a refusal = %d, want 1 (the refusal sweeps)", n)
+		}
+		if mustRelease(t, c, dead, protocol.Success, 1) {
+			t.Error("release of a swept lease = true, want false")
+		}
+		if !mustRelease(t, c, live, protocol.Success, 1) {
+			t.Error("release of a live lease = false, want true")
+		}
+
+		dead = mustAdmit(t, c, 50*time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
+		mustWindow(t, c, time.Minute, time.Time{})
+		if n := leases(); n != 0 {
+			t.Errorf("leases after window = %d, want 0 (window sweeps)", n)
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -21,6 +22,7 @@ type Client struct {
 
 	acquireKeys []string
 	releaseKeys []string
+	probeKeys   []string
 	renewKeys   []string
 	budgetKeys  []string
 	windowKeys  []string
@@ -42,10 +44,11 @@ func NewClient(rdb redis.UniversalClient, d Dependency) (*Client, error) {
 		dep:         d,
 		keys:        k,
 		acquireKeys: []string{k.State, k.Leases, k.GCRA, k.Probes},
-		releaseKeys: []string{k.State, k.Leases, k.Stats, k.Probes},
+		releaseKeys: []string{k.Leases, k.Stats},
+		probeKeys:   []string{k.Leases, k.Stats, k.State, k.Probes},
 		renewKeys:   []string{k.Leases},
 		budgetKeys:  []string{k.State, k.Stats},
-		windowKeys:  []string{k.State, k.Stats, k.Probes},
+		windowKeys:  []string{k.State, k.Stats, k.Probes, k.Leases},
 		publishKeys: []string{k.State, k.Probes},
 	}, nil
 }
@@ -94,7 +97,7 @@ func (c Code) String() string {
 
 // AcquireArgs are the inputs of one acquisition.
 type AcquireArgs struct {
-	// LeaseID identifies the lease; unique per call (16 random bytes, hex).
+	// LeaseID identifies the lease; unique per call (NewLeaseID).
 	LeaseID string
 	// TTL bounds how long a holder that dies keeps its slot.
 	TTL time.Duration
@@ -124,6 +127,16 @@ type Admission struct {
 	Wait time.Duration
 	// Newest is the newest known version of a superseded job.
 	Newest int64
+}
+
+// NewLeaseID returns a lease id unique with overwhelming probability: 128
+// random bits in base 36.
+func NewLeaseID() string {
+	var b [32]byte
+	s := strconv.AppendUint(b[:0], rand.Uint64(), 36)
+	s = append(s, '-')
+	s = strconv.AppendUint(s, rand.Uint64(), 36)
+	return string(s)
 }
 
 // MaxJobVersion bounds job versions: Lua compares them as doubles.
@@ -162,8 +175,8 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 	case 0:
 		epoch, _ := intAt(res, 1)
 		limit, _ := intAt(res, 2)
-		member, _ := res[3].(string)
-		state, _ := res[4].(string)
+		state, _ := res[3].(string)
+		member := strconv.FormatInt(epoch, 10) + ":" + a.LeaseID
 		return Admission{Code: Admitted, Epoch: epoch, Limit: limit, Member: member, State: State(state)}, nil
 	case 1:
 		wait, _ := intAt(res, 1)
@@ -205,7 +218,9 @@ func (c *Client) Renew(ctx context.Context, member string, ttl time.Duration) (b
 // the epoch that admitted the call; its outcome counts as a probe when that
 // epoch is the current one and the state is HalfOpen. Pass 0 for a call not
 // admitted HalfOpen to spare the script that check. It returns whether the
-// lease was still held.
+// member was still in the lease set: false means that a renew or a sweep had
+// already removed it as expired. A lease that expired but was not swept yet
+// reads true; whether a lease was lost is renew's answer, not release's.
 func (c *Client) Release(ctx context.Context, member string, epoch int64, outcome Outcome, attempt int) (bool, error) {
 	if !outcome.Valid() {
 		return false, fmt.Errorf("outcome must be s, f or t, got %q", outcome)
@@ -213,7 +228,13 @@ func (c *Client) Release(ctx context.Context, member string, epoch int64, outcom
 	if attempt < 1 {
 		return false, fmt.Errorf("attempt must be at least 1, got %d", attempt)
 	}
-	n, err := releaseScript.Run(ctx, c.rdb, c.releaseKeys, member, string(outcome), attempt, epoch).Int64()
+	var cmd *redis.Cmd
+	if epoch != 0 {
+		cmd = releaseScript.Run(ctx, c.rdb, c.probeKeys, member, string(outcome), attempt, epoch)
+	} else {
+		cmd = releaseScript.Run(ctx, c.rdb, c.releaseKeys, member, string(outcome), attempt)
+	}
+	n, err := cmd.Int64()
 	if err != nil {
 		return false, fmt.Errorf("failed to release a lease for %s: %w", c.dep, err)
 	}

@@ -25,10 +25,10 @@ import (
 // Version is the protocol version. It is part of every key and stored in the
 // state hash; acquire and budget, the scripts that act on the policy, refuse
 // another version.
-const Version = 1
+const Version = 2
 
 // KeyPrefix starts every key of this protocol version.
-const KeyPrefix = "spillway:v1:"
+const KeyPrefix = "spillway:v2:"
 
 // State is the fleet's state for a dependency, as the controller publishes it.
 type State string

@@ -61,7 +61,7 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		for field, v := range map[string]string{
-			"version":          "1",
+			"version":          "2",
 			"epoch":            "7",
 			"state":            "Ramping",
 			"rate_interval_us": "3004", // ceil(1e6/333)
@@ -194,7 +194,7 @@ func TestVersionMismatch(t *testing.T) {
 		c := newClient(t, rdb)
 		ctx := ctxT(t)
 		mustPublish(t, c, policy(10))
-		if err := rdb.HSet(ctx, c.Keys().State, "version", "2").Err(); err != nil {
+		if err := rdb.HSet(ctx, c.Keys().State, "version", "1").Err(); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := c.Acquire(ctx, protocol.AcquireArgs{LeaseID: "x", TTL: time.Second}); !errors.Is(err, protocol.ErrVersion) {

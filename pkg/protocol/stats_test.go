@@ -139,7 +139,7 @@ func TestReleaseProbes(t *testing.T) {
 
 // hsetSeconds writes counters directly into the stats hash: fields maps a
 // second offset from now (0, -5, ...) and a suffix to a count.
-func hsetSeconds(t *testing.T, rdb redis.UniversalClient, c *protocol.Client, nowS int64, fields map[int64]map[string]int64) {
+func hsetSeconds(t testing.TB, rdb redis.UniversalClient, c *protocol.Client, nowS int64, fields map[int64]map[string]int64) {
 	t.Helper()
 	var args []any
 	for off, m := range fields {
@@ -368,6 +368,32 @@ func TestRetryBudgetBackoffFollowsPublish(t *testing.T) {
 
 // statsSeconds returns the distinct seconds of the stats hash's counter
 // fields.
+// TestStatsHashTable: the first report and the first budget decision make
+// the stats hash a hash table, whose field lookups do not scan the hash.
+func TestStatsHashTable(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		for _, first := range []string{"release", "budget"} {
+			t.Run(first, func(t *testing.T) {
+				c := newClient(t, rdb)
+				mustPublish(t, c, policy(5))
+				if first == "release" {
+					mustRelease(t, c, mustAdmit(t, c, time.Second), protocol.Success, 1)
+				} else if _, err := c.RetryBudget(ctxT(t)); err != nil {
+					t.Fatal(err)
+				}
+				enc, err := rdb.ObjectEncoding(ctxT(t), c.Keys().Stats).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if enc != "hashtable" {
+					t.Errorf("stats encoding after the first %s = %q, want hashtable", first, enc)
+				}
+			})
+		}
+	})
+}
+
 func statsSeconds(t *testing.T, rdb redis.UniversalClient, c *protocol.Client) map[int64]bool {
 	t.Helper()
 	keys, err := rdb.HKeys(ctxT(t), c.Keys().Stats).Result()
@@ -376,7 +402,7 @@ func statsSeconds(t *testing.T, rdb redis.UniversalClient, c *protocol.Client) m
 	}
 	out := map[int64]bool{}
 	for _, k := range keys {
-		if k == "pruned" {
+		if k == "pruned" || k == "encoding" {
 			continue
 		}
 		s, _, ok := strings.Cut(k, ":")

@@ -1,14 +1,15 @@
 -- acquire: admit one call, or say why not.
 -- KEYS[1] state  KEYS[2] leases  KEYS[3] gcra  KEYS[4] probes  [KEYS[5] job]
 -- ARGV[1] lease id  ARGV[2] lease ttl ms  [ARGV[3] job version  ARGV[4] job ttl ms]
--- Returns {code, ...}: 0 admitted {0, epoch, limit, member, state}; 1 open {1, ms until
--- probes}; 2 throttled {2, ms until the first lease expires, held, limit};
--- 3 rate {3, ms to wait}; 4 superseded {4, newest version};
--- 5 no policy {5}; 6 protocol version mismatch {6, version}.
+-- Returns {code, ...}: 0 admitted {0, epoch, limit, state}, the lease member
+-- being '<epoch>:<lease id>'; 1 open {1, ms until probes}; 2 throttled {2, ms
+-- until the first lease expires, held, limit}; 3 rate {3, ms to wait};
+-- 4 superseded {4, newest version}; 5 no policy {5}; 6 protocol version
+-- mismatch {6, version}.
 local st = redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
   'rate_interval_us', 'rate_burst', 'open_until_ms')
 if not st[1] then return {5} end
-if st[1] ~= '1' then return {6, tonumber(st[1]) or -1} end
+if st[1] ~= '2' then return {6, tonumber(st[1]) or -1} end
 
 local now = now_us()
 local now_ms = math.floor(now / 1000)
@@ -23,10 +24,13 @@ if st[2] == 'Open' then
   return {1, math.max(0, until_ms - now_ms)}
 end
 
+-- Live leases are those that expire after now. Expired ones no longer count;
+-- they are swept here only when the call is refused (the admission path
+-- stays at one sorted-set read and one write), and by window.
 local limit = math.floor(tonumber(st[3]) or 0)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', int(now_ms))
-local held = redis.call('ZCARD', KEYS[2])
+local held = redis.call('ZCOUNT', KEYS[2], '(' .. int(now_ms), '+inf')
 if held >= limit then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', int(now_ms))
   local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
   local wait = 0
   if first[2] then wait = tonumber(first[2]) - now_ms end
@@ -53,9 +57,8 @@ if interval > 0 then
 end
 
 if probing then redis.call('HINCRBY', KEYS[4], 'admitted', 1) end
-local member = st[4] .. ':' .. ARGV[1]
-redis.call('ZADD', KEYS[2], int(now_ms + tonumber(ARGV[2])), member)
+redis.call('ZADD', KEYS[2], int(now_ms + tonumber(ARGV[2])), st[4] .. ':' .. ARGV[1])
 if KEYS[5] then
   redis.call('SET', KEYS[5], ARGV[3], 'PX', ARGV[4])
 end
-return {0, tonumber(st[4]), limit, member, st[2]}
+return {0, tonumber(st[4]), limit, st[2]}

@@ -7,7 +7,7 @@ local st = redis.call('HMGET', KEYS[1], 'version', 'budget_ratio_ppm',
   'budget_min_retries', 'budget_window_s', 'backoff_base_ms', 'backoff_max_ms',
   'jitter', 'stats_retention_s')
 if not st[1] then return {-5} end
-if st[1] ~= '1' then return {-6} end
+if st[1] ~= '2' then return {-6} end
 local now_s = math.floor(now_us() / 1000000)
 local window = math.floor(tonumber(st[4]))
 local totals = sum(KEYS[2], now_s - window, now_s, {'s', 'f', 't', 'g'})
@@ -22,5 +22,5 @@ else
   redis.call('HINCRBY', KEYS[2], p .. 'b', 1)
 end
 prune(KEYS[2], now_s, math.floor(tonumber(st[8]) or 3660))
-redis.call('EXPIRE', KEYS[2], 3720)
+keep_stats(KEYS[2])
 return {allowed and 1 or 0, tonumber(st[5]), tonumber(st[6]), st[7], calls, granted}

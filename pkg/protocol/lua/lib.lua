@@ -20,6 +20,20 @@ local function suffixes()
   return {'s', 'f', 't', 'a1', 'a2', 'a3', 'a4', 'g', 'b'}
 end
 
+-- Sets the stats hash's expiry and its 'encoding' field. The hash holds one
+-- field per counter and second, hundreds of them. Redis keeps a small hash as
+-- a listpack (up to hash-max-listpack-entries fields), where every field
+-- lookup scans the whole hash: reading a minute's counters then costs
+-- hundreds of microseconds. A value longer than hash-max-listpack-value (64
+-- bytes by default) turns it into a hash table for good, with O(1) lookups;
+-- the field 'encoding' holds such a value. Every script that counts calls it
+-- when it may have created the hash.
+local function keep_stats(stats)
+  redis.call('EXPIRE', stats, 3720)
+  redis.call('HSETNX', stats, 'encoding',
+    'hashtable: this value is longer than 64 bytes so that Redis keeps a hash table')
+end
+
 -- Deletes the counters of seconds that fell out of the retention, at most 16
 -- seconds' worth per call, and moves the cursor kept in the field 'pruned'.
 local function prune(stats, now_s, retention)
@@ -49,26 +63,32 @@ local function prune(stats, now_s, retention)
 end
 
 -- Sums the counters named by names over the seconds (from_s, to_s], reading
--- 500 seconds at a time: unpack() takes at most about 8000 values.
+-- 500 seconds at a time: unpack() takes at most about 8000 values. Each
+-- second's prefix is formatted once; the loops index arrays directly.
 local function sum(stats, from_s, to_s, names)
+  local n = #names
   local totals = {}
-  for i = 1, #names do totals[i] = 0 end
+  for i = 1, n do totals[i] = 0 end
   local s = from_s + 1
   while s <= to_s do
     local upto = math.min(to_s, s + 499)
-    local fields = {}
+    local fields, k = {}, 0
     for t = s, upto do
-      for _, f in ipairs(names) do fields[#fields + 1] = int(t) .. ':' .. f end
+      local p = int(t) .. ':'
+      for i = 1, n do
+        k = k + 1
+        fields[k] = p .. names[i]
+      end
     end
     local values = redis.call('HMGET', stats, unpack(fields))
-    for i, v in ipairs(values) do
+    for i = 1, k do
+      local v = values[i]
       if v then
-        local k = (i - 1) % #names + 1
-        totals[k] = totals[k] + tonumber(v)
+        local j = (i - 1) % n + 1
+        totals[j] = totals[j] + tonumber(v)
       end
     end
     s = upto + 1
   end
   return totals
 end
-

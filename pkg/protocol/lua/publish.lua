@@ -9,7 +9,7 @@ local epoch = tonumber(ARGV[1])
 if stored and epoch < stored then return {0, stored} end
 if stored ~= epoch then redis.call('DEL', KEYS[2]) end
 local now_ms = math.floor(now_us() / 1000)
-local args = {'version', '1', 'epoch', ARGV[1], 'updated_at_ms', int(now_ms)}
+local args = {'version', '2', 'epoch', ARGV[1], 'updated_at_ms', int(now_ms)}
 for i = 2, #ARGV do args[#args + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(args))
 return {1, now_ms}
