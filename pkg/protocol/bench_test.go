@@ -229,21 +229,39 @@ func median(x []float64) float64 {
 }
 
 // BenchmarkRetryBudget: one op = one RetryBudget decision under the default
-// budget window (1 minute) with a minute of traffic counted: the cost a
-// failing call adds to its acquire and release.
+// budget window (1 minute) with counters in every second of the retention:
+// the cost a failing call adds to its acquire and release.
 func BenchmarkRetryBudget(b *testing.B) {
 	rdb, owner := benchStandalone(b)
 	runParallel(b, "decision", rdb, owner, func(ctx context.Context, c *protocol.Client) error {
 		_, err := c.RetryBudget(ctx)
 		return err
-	}, func(c *protocol.Client) {
+	}, busyStats(b, rdb))
+}
+
+// BenchmarkReadWindow: one op = the controller's read of a 30 s breaker
+// window (the default) with counters in every second of the retention: its
+// cost per policy and evaluation.
+func BenchmarkReadWindow(b *testing.B) {
+	rdb, owner := benchStandalone(b)
+	runParallel(b, "read", rdb, owner, func(ctx context.Context, c *protocol.Client) error {
+		_, _, _, err := c.ReadWindow(ctx, 30*time.Second, time.Time{})
+		return err
+	}, busyStats(b, rdb))
+}
+
+// busyStats fills the stats hash the way a busy dependency does: successes,
+// failures, first attempts and retries, and granted retries in each of the
+// last 70 seconds.
+func busyStats(b *testing.B, rdb redis.UniversalClient) func(*protocol.Client) {
+	return func(c *protocol.Client) {
 		now := redisNow(b, rdb).Unix()
 		counts := map[int64]map[string]int64{}
 		for s := int64(-70); s <= 0; s++ {
 			counts[s] = map[string]int64{"s": 900, "f": 100, "a1": 950, "a2": 50, "g": 50}
 		}
 		hsetSeconds(b, rdb, c, now, counts)
-	})
+	}
 }
 
 // BenchmarkAcquireReleaseCluster: one op = Acquire + Release for one
