@@ -32,7 +32,7 @@ func TestAcquireOpen(t *testing.T) {
 		if a = mustAcquire(t, c, time.Second); a.Code != protocol.RefusedOpen || a.Wait != 0 {
 			t.Errorf("Acquire while Open past OpenUntil = %v wait %v, want open, 0", a.Code, a.Wait)
 		}
-		if n, _ := rdb.ZCard(ctxT(t), c.Keys().Leases).Result(); n != 0 {
+		if n, _ := rdb.ZCount(ctxT(t), c.Keys().Leases, "(-inf", "+inf").Result(); n != 0 {
 			t.Errorf("refused acquisitions left %d leases", n)
 		}
 	})
@@ -68,7 +68,7 @@ func TestAcquireLimit(t *testing.T) {
 			// The first lease expires ~10 s after it was taken.
 			within(t, "Wait", a.Wait, 8*time.Second, 10*time.Second)
 		}
-		if got, _ := rdb.ZCard(ctxT(t), c.Keys().Leases).Result(); got != n {
+		if got, _ := rdb.ZCount(ctxT(t), c.Keys().Leases, "(-inf", "+inf").Result(); got != n {
 			t.Errorf("leases = %d, want %d", got, n)
 		}
 	})
@@ -279,7 +279,7 @@ func TestAcquireRateWaitIsEnough(t *testing.T) {
 			t.Fatalf("second call = %v, want rate", a.Code)
 		}
 		within(t, "Wait", a.Wait, time.Millisecond, 143*time.Millisecond)
-		n, _ := rdb.ZCard(ctxT(t), c.Keys().Leases).Result()
+		n, _ := rdb.ZCount(ctxT(t), c.Keys().Leases, "(-inf", "+inf").Result()
 		if n != 1 {
 			t.Errorf("a rate refusal left %d leases, want 1", n)
 		}
@@ -425,7 +425,7 @@ func TestExpiredLeases(t *testing.T) {
 		mustPublish(t, c, policy(1))
 		leases := func() int64 {
 			t.Helper()
-			n, err := rdb.ZCard(ctxT(t), c.Keys().Leases).Result()
+			n, err := rdb.ZCount(ctxT(t), c.Keys().Leases, "(-inf", "+inf").Result()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -457,6 +457,33 @@ func TestExpiredLeases(t *testing.T) {
 		if n := leases(); n != 0 {
 			t.Errorf("leases after window = %d, want 0 (window sweeps)", n)
 		}
+		// The sweeps spare the member that keeps the set a skiplist.
+		if enc, err := rdb.ObjectEncoding(ctxT(t), c.Keys().Leases).Result(); err != nil || enc != "skiplist" {
+			t.Errorf("leases encoding after the sweeps = %q, %v; want skiplist", enc, err)
+		}
+	})
+}
+
+// TestLeasesSkiplist: the first admission makes the lease set a skiplist,
+// whose lookups do not scan it; the member that does so never counts as a
+// lease and never delays a throttled caller's hint.
+func TestLeasesSkiplist(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		mustPublish(t, c, policy(2))
+		a := mustAdmit(t, c, 10*time.Second)
+		if enc, err := rdb.ObjectEncoding(ctxT(t), c.Keys().Leases).Result(); err != nil || enc != "skiplist" {
+			t.Fatalf("leases encoding after one admission = %q, %v; want skiplist", enc, err)
+		}
+		mustAdmit(t, c, 10*time.Second)
+		r := mustAcquire(t, c, time.Second)
+		if r.Code != protocol.RefusedThrottled || r.Held != 2 {
+			t.Fatalf("third acquisition = %+v, want throttled with 2 held", r)
+		}
+		within(t, "Wait", r.Wait, 8*time.Second, 10*time.Second)
+		mustRelease(t, c, a, protocol.Success, 1)
+		mustAdmit(t, c, 10*time.Second)
 	})
 }
 

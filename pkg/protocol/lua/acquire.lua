@@ -26,12 +26,14 @@ end
 
 -- Live leases are those that expire after now. Expired ones no longer count;
 -- they are swept here only when the call is refused (the admission path
--- stays at one sorted-set read and one write), and by window.
+-- stays at one sorted-set read and one write), and by window. The sweep
+-- spares the encoding member, scored -inf (see the ZADD below).
 local limit = math.floor(tonumber(st[3]) or 0)
-local held = redis.call('ZCOUNT', KEYS[2], '(' .. int(now_ms), '+inf')
+local now_key = int(now_ms)
+local held = redis.call('ZCOUNT', KEYS[2], '(' .. now_key, '+inf')
 if held >= limit then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', int(now_ms))
-  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '(-inf', now_key)
+  local first = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now_key, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   local wait = 0
   if first[2] then wait = tonumber(first[2]) - now_ms end
   return {2, wait, held, limit}
@@ -57,7 +59,19 @@ if interval > 0 then
 end
 
 if probing then redis.call('HINCRBY', KEYS[4], 'admitted', 1) end
-redis.call('ZADD', KEYS[2], int(now_ms + tonumber(ARGV[2])), st[4] .. ':' .. ARGV[1])
+-- With no live lease the set may be new: the same ZADD then adds the member
+-- 'encoding:…', scored -inf so that it never counts, whose name is longer
+-- than zset-max-listpack-value (64 bytes by default). Redis then keeps the
+-- set as a skiplist, where ZCOUNT, ZADD and ZREM are O(log n), instead of a
+-- listpack of up to 128 leases that each of them scans.
+local expiry = int(now_ms + tonumber(ARGV[2]))
+if held == 0 then
+  redis.call('ZADD', KEYS[2], '-inf',
+    'encoding: this member is longer than 64 bytes so that Redis keeps a skiplist',
+    expiry, st[4] .. ':' .. ARGV[1])
+else
+  redis.call('ZADD', KEYS[2], expiry, st[4] .. ':' .. ARGV[1])
+end
 if KEYS[5] then
   redis.call('SET', KEYS[5], ARGV[3], 'PX', ARGV[4])
 end

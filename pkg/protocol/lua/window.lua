@@ -10,7 +10,7 @@ local from_s = math.max(now_s - math.floor(tonumber(ARGV[1])), math.floor(tonumb
 local totals = sum(KEYS[2], from_s, now_s, suffixes())
 local retention = tonumber(redis.call('HGET', KEYS[1], 'stats_retention_s'))
 if retention then prune(KEYS[2], now_s, math.floor(retention)) end
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', int(math.floor(now / 1000)))
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '(-inf', int(math.floor(now / 1000)))
 local probes = redis.call('HMGET', KEYS[3], 's', 'f', 't')
 local reply = {math.floor(now / 1000), totals[1] + totals[2] + totals[3]}
 for _, v in ipairs(totals) do reply[#reply + 1] = v end
