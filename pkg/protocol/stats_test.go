@@ -2,6 +2,7 @@ package protocol_test
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -304,6 +305,59 @@ func TestRetryBudgetMatchesAllowsPPM(t *testing.T) {
 	})
 }
 
+// TestRetryBudgetCacheFollowsTheWindow: the budget keeps the totals of its
+// window's closed seconds and moves them forward each second. Over more than
+// a window of random reports, each decision's counts must be those that the
+// controller's read of the same window finds in the same second, also after
+// the window changes.
+func TestRetryBudgetCacheFollowsTheWindow(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		rng := rand.New(rand.NewPCG(1, 2))
+		outcomes := []protocol.Outcome{protocol.Success, protocol.Failure, protocol.Timeout}
+		compared := 0
+		for _, window := range []time.Duration{2 * time.Second, 3 * time.Second} {
+			p := policy(1000)
+			p.Budget = retry.Budget{Ratio: 0.5, MinRetries: 3, Window: window}
+			mustPublish(t, c, p)
+			for end := time.Now().Add(window + 1500*time.Millisecond); time.Now().Before(end); {
+				for range rng.IntN(4) {
+					if _, err := c.Release(ctx, "", 0, outcomes[rng.IntN(3)], 1+rng.IntN(3)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				before := redisNow(t, rdb)
+				d, err := c.RetryBudget(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				w, _, at, err := c.ReadWindow(ctx, window, time.Time{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Duration(rng.IntN(50)) * time.Millisecond)
+				if before.Unix() != at.Unix() {
+					continue // the two reads straddle a second
+				}
+				grant := int64(0)
+				if d.Allowed {
+					grant = 1
+				}
+				if d.Calls != w.Calls || d.Granted+grant != w.RetriesGranted {
+					t.Fatalf("window %v: the budget counted %d calls and %d granted; the window holds %d calls and %d granted, this decision included (%d)",
+						window, d.Calls, d.Granted, w.Calls, w.RetriesGranted, grant)
+				}
+				compared++
+			}
+		}
+		if compared < 40 {
+			t.Errorf("only %d decisions compared, want at least 40", compared)
+		}
+	})
+}
+
 // TestRetryBudgetSeed: the seed policy (ratio 0.2, minimum 10) with 100 calls
 // in the window grants 20 retries and refuses the 21st, and counts both.
 func TestRetryBudgetSeed(t *testing.T) {
@@ -402,7 +456,7 @@ func statsSeconds(t *testing.T, rdb redis.UniversalClient, c *protocol.Client) m
 	}
 	out := map[int64]bool{}
 	for _, k := range keys {
-		if k == "pruned" || k == "encoding" {
+		if k == "pruned" || k == "encoding" || strings.HasPrefix(k, "budget_") {
 			continue
 		}
 		s, _, ok := strings.Cut(k, ":")
