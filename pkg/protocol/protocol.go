@@ -1,4 +1,4 @@
-// Package protocol is Spillway's Redis protocol, version 1: the keys of one
+// Package protocol is Spillway's Redis protocol, version 2: the keys of one
 // dependency, the Lua scripts that change them, and typed Go calls for each.
 // docs/protocol.md is its specification; a worker in another language can join
 // the fleet by following it.
