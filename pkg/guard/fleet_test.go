@@ -163,7 +163,10 @@ func (s *inflightServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.violations.Add(1)
 		}
 	}
-	time.Sleep(2 * time.Millisecond)
+	// Long enough that a holder spends most of its lease here even when the
+	// machine is slow (-race, a busy CI runner), so that 20 slots show up as
+	// about 20 calls in flight.
+	time.Sleep(30 * time.Millisecond)
 }
 
 // 500 goroutines in four processes contend for 20 slots; halfway through the
