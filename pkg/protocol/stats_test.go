@@ -307,9 +307,9 @@ func TestRetryBudgetMatchesAllowsPPM(t *testing.T) {
 
 // TestRetryBudgetCacheFollowsTheWindow: the budget keeps the totals of its
 // window's closed seconds and moves them forward each second. Over more than
-// a window of random reports, each decision's counts must be those that the
-// controller's read of the same window finds in the same second, also after
-// the window changes.
+// a window of random reports, each decision's counts must be the sum of the
+// per-second counters of its window, read back from the hash, also after the
+// window changes.
 func TestRetryBudgetCacheFollowsTheWindow(t *testing.T) {
 	t.Parallel()
 	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
@@ -333,14 +333,12 @@ func TestRetryBudgetCacheFollowsTheWindow(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				w, _, at, err := c.ReadWindow(ctx, window, time.Time{})
-				if err != nil {
-					t.Fatal(err)
-				}
+				after := redisNow(t, rdb)
 				time.Sleep(time.Duration(rng.IntN(50)) * time.Millisecond)
-				if before.Unix() != at.Unix() {
-					continue // the two reads straddle a second
+				if before.Unix() != after.Unix() {
+					continue // the decision's second is not known
 				}
+				w := windowFromCounters(t, rdb, c, before.Unix(), int64(window/time.Second), time.Time{})
 				grant := int64(0)
 				if d.Allowed {
 					grant = 1
@@ -356,6 +354,94 @@ func TestRetryBudgetCacheFollowsTheWindow(t *testing.T) {
 			t.Errorf("only %d decisions compared, want at least 40", compared)
 		}
 	})
+}
+
+// TestReadWindowCacheFollowsTheCounters: the controller's window read keeps
+// the totals of its closed seconds and moves them forward each second. Over
+// more than a window of random reports and budget decisions, every read must
+// equal the sum of the per-second counters it covers, read back from the
+// hash, for two lengths and with and without a recent transition (from).
+func TestReadWindowCacheFollowsTheCounters(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		mustPublish(t, c, policy(1000))
+		rng := rand.New(rand.NewPCG(3, 4))
+		outcomes := []protocol.Outcome{protocol.Success, protocol.Failure, protocol.Timeout}
+		reads, recent := 0, 0
+		for _, length := range []time.Duration{2 * time.Second, 3 * time.Second} {
+			for end := time.Now().Add(length + 1500*time.Millisecond); time.Now().Before(end); {
+				for range rng.IntN(4) {
+					if _, err := c.Release(ctx, "", 0, outcomes[rng.IntN(3)], 1+rng.IntN(5)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if rng.IntN(3) == 0 {
+					if _, err := c.RetryBudget(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				var from time.Time
+				if rng.IntN(4) == 0 {
+					from = redisNow(t, rdb).Add(-time.Second) // a transition a second ago
+					recent++
+				}
+				w, _, at, err := c.ReadWindow(ctx, length, from)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := windowFromCounters(t, rdb, c, at.Unix(), int64(length/time.Second), from)
+				if w != want {
+					t.Fatalf("ReadWindow(%v, from %v) at %v = %+v, the counters sum to %+v", length, from, at, w, want)
+				}
+				reads++
+				time.Sleep(time.Duration(rng.IntN(50)) * time.Millisecond)
+			}
+		}
+		if reads < 40 || recent == 0 {
+			t.Errorf("%d reads, %d with a recent transition; want at least 40 and 1", reads, recent)
+		}
+	})
+}
+
+// windowFromCounters sums the per-second counters of (max(nowS - length,
+// from), nowS] straight from the stats hash.
+func windowFromCounters(t *testing.T, rdb redis.UniversalClient, c *protocol.Client, nowS, length int64, from time.Time) protocol.Window {
+	t.Helper()
+	fields, err := rdb.HGetAll(ctxT(t), c.Keys().Stats).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo := nowS - length
+	if !from.IsZero() {
+		lo = max(lo, from.Unix())
+	}
+	var w protocol.Window
+	for k, v := range fields {
+		sec, suffix, ok := strings.Cut(k, ":")
+		s, err := strconv.ParseInt(sec, 10, 64)
+		if !ok || err != nil || s <= lo || s > nowS {
+			continue
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		switch suffix {
+		case "s":
+			w.Successes += n
+		case "f":
+			w.Failures += n
+		case "t":
+			w.Timeouts += n
+		case "a1", "a2", "a3", "a4":
+			w.ByAttempt[suffix[1]-'1'] += n
+		case "g":
+			w.RetriesGranted += n
+		case "b":
+			w.BudgetRefused += n
+		}
+	}
+	w.Calls = w.Successes + w.Failures + w.Timeouts
+	return w
 }
 
 // TestRetryBudgetSeed: the seed policy (ratio 0.2, minimum 10) with 100 calls
@@ -456,7 +542,7 @@ func statsSeconds(t *testing.T, rdb redis.UniversalClient, c *protocol.Client) m
 	}
 	out := map[int64]bool{}
 	for _, k := range keys {
-		if k == "pruned" || k == "encoding" || strings.HasPrefix(k, "budget_") {
+		if k == "pruned" || k == "encoding" || strings.HasPrefix(k, "budget_") || strings.HasPrefix(k, "window_") {
 			continue
 		}
 		s, _, ok := strings.Cut(k, ":")
@@ -546,7 +632,10 @@ func TestStatsPruning(t *testing.T) {
 			t.Fatal(err)
 		}
 		elapsed := redisNow(t, rdb).Unix() - now
-		if limit := 9*(elapsed+2) + 1; n > limit {
+		// Nine counters a second, plus pruned, encoding, and the budget's and
+		// the window's cached totals (2 + 4 and 2 + 9 fields).
+		const bookkeeping = 1 + 1 + 6 + 11
+		if limit := 9*(elapsed+2) + bookkeeping; n > limit {
 			t.Errorf("stats hash has %d fields after %d s, want at most %d", n, elapsed, limit)
 		}
 		if ttl, _ := rdb.TTL(ctx, c.Keys().Stats).Result(); ttl <= 0 || ttl > time.Hour+2*time.Minute {
