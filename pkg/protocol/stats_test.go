@@ -316,18 +316,13 @@ func TestRetryBudgetCacheFollowsTheWindow(t *testing.T) {
 		c := newClient(t, rdb)
 		ctx := ctxT(t)
 		rng := rand.New(rand.NewPCG(1, 2))
-		outcomes := []protocol.Outcome{protocol.Success, protocol.Failure, protocol.Timeout}
 		compared := 0
 		for _, window := range []time.Duration{2 * time.Second, 3 * time.Second} {
 			p := policy(1000)
 			p.Budget = retry.Budget{Ratio: 0.5, MinRetries: 3, Window: window}
 			mustPublish(t, c, p)
 			for end := time.Now().Add(window + 1500*time.Millisecond); time.Now().Before(end); {
-				for range rng.IntN(4) {
-					if _, err := c.Release(ctx, "", 0, outcomes[rng.IntN(3)], 1+rng.IntN(3)); err != nil {
-						t.Fatal(err)
-					}
-				}
+				reportAtRandom(t, c, rng)
 				before := redisNow(t, rdb)
 				d, err := c.RetryBudget(ctx)
 				if err != nil {
@@ -368,15 +363,10 @@ func TestReadWindowCacheFollowsTheCounters(t *testing.T) {
 		ctx := ctxT(t)
 		mustPublish(t, c, policy(1000))
 		rng := rand.New(rand.NewPCG(3, 4))
-		outcomes := []protocol.Outcome{protocol.Success, protocol.Failure, protocol.Timeout}
 		reads, recent := 0, 0
 		for _, length := range []time.Duration{2 * time.Second, 3 * time.Second} {
 			for end := time.Now().Add(length + 1500*time.Millisecond); time.Now().Before(end); {
-				for range rng.IntN(4) {
-					if _, err := c.Release(ctx, "", 0, outcomes[rng.IntN(3)], 1+rng.IntN(5)); err != nil {
-						t.Fatal(err)
-					}
-				}
+				reportAtRandom(t, c, rng)
 				if rng.IntN(3) == 0 {
 					if _, err := c.RetryBudget(ctx); err != nil {
 						t.Fatal(err)
@@ -403,6 +393,18 @@ func TestReadWindowCacheFollowsTheCounters(t *testing.T) {
 			t.Errorf("%d reads, %d with a recent transition; want at least 40 and 1", reads, recent)
 		}
 	})
+}
+
+// reportAtRandom releases up to three calls admitted without a lease, each
+// with a random outcome and attempt (1 to 5).
+func reportAtRandom(t *testing.T, c *protocol.Client, rng *rand.Rand) {
+	t.Helper()
+	outcomes := []protocol.Outcome{protocol.Success, protocol.Failure, protocol.Timeout}
+	for range rng.IntN(4) {
+		if _, err := c.Release(ctxT(t), "", 0, outcomes[rng.IntN(3)], 1+rng.IntN(5)); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // windowFromCounters sums the per-second counters of (max(nowS - length,
