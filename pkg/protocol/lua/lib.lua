@@ -20,37 +20,58 @@ local function suffixes()
   return {'s', 'f', 't', 'a1', 'a2', 'a3', 'a4', 'g', 'b'}
 end
 
--- Sets the stats hash's expiry and its 'encoding' field. The hash holds one
--- field per counter and second, hundreds of them. Redis keeps a small hash as
--- a listpack (up to hash-max-listpack-entries fields), where every field
--- lookup scans the whole hash: reading a minute's counters then costs
--- hundreds of microseconds. A value longer than hash-max-listpack-value (64
--- bytes by default) turns it into a hash table for good, with O(1) lookups;
--- the field 'encoding' holds such a value. Every script that counts calls it
--- when it may have created the hash.
-local function keep_stats(stats)
-  redis.call('EXPIRE', stats, 3720)
-  redis.call('HSETNX', stats, 'encoding',
-    'hashtable: this value is longer than 64 bytes so that Redis keeps a hash table')
+-- One step of the sweep that prune starts when its cursor lags more than an
+-- hour: HSCAN from cursor (COUNT 500, so a step touches about 500 fields
+-- whatever the hash's size), deleting the counters of seconds at or before
+-- target. upto is the lowest target seen since the sweep began: once the scan
+-- ends, every counter at or before it is gone (HSCAN returns every field
+-- that is present from its start to its end; no script writes a past second)
+-- and the cursor 'pruned' moves to it. Until then the fields 'sweep' (the
+-- HSCAN cursor, kept as the string Redis returned) and 'sweep_upto' hold the
+-- sweep's progress.
+local function sweep_step(stats, cursor, target, upto)
+  upto = math.min(upto, target)
+  local r = redis.call('HSCAN', stats, cursor, 'COUNT', 500)
+  local kv, old = r[2], {}
+  for i = 1, #kv, 2 do
+    local s = tonumber(string.match(kv[i], '^(%d+):'))
+    if s and s <= target then old[#old + 1] = kv[i] end
+  end
+  if #old > 0 then redis.call('HDEL', stats, unpack(old)) end
+  if r[1] == '0' then
+    redis.call('HSET', stats, 'pruned', int(upto))
+    redis.call('HDEL', stats, 'sweep', 'sweep_upto')
+  else
+    redis.call('HSET', stats, 'sweep', r[1], 'sweep_upto', int(upto))
+  end
 end
 
 -- Deletes the counters of seconds that fell out of the retention, at most 16
--- seconds' worth per call, and moves the cursor kept in the field 'pruned'.
+-- seconds' worth (or one sweep step) per call, and moves the cursor kept in
+-- the field 'pruned'. The readers (window, budget) pass the policy's
+-- retention, which is kept in the field 'retention' for release: it prunes
+-- too (keep_stats), without the state key, so that the hash stops growing
+-- when no controller reads it. Until a reader recorded one, the longest
+-- retention a policy can have applies: a 1 h window and a minute.
 local function prune(stats, now_s, retention)
+  local c = redis.call('HMGET', stats, 'pruned', 'retention', 'sweep', 'sweep_upto')
+  if retention then
+    if tonumber(c[2]) ~= retention then redis.call('HSET', stats, 'retention', int(retention)) end
+  else
+    retention = tonumber(c[2]) or 3660
+  end
   local target = now_s - retention
-  local cursor = tonumber(redis.call('HGET', stats, 'pruned')) or (target - 1)
+  if c[3] then
+    sweep_step(stats, c[3], target, tonumber(c[4]) or target)
+    return
+  end
+  local cursor = tonumber(c[1]) or (target - 1)
   if cursor >= target then return end
   if cursor < target - 3600 then
-    -- Far behind (nobody pruned for an hour): sweep the hash once.
-    local old = {}
-    for _, f in ipairs(redis.call('HKEYS', stats)) do
-      local s = tonumber(string.match(f, '^(%d+):'))
-      if s and s <= target then old[#old + 1] = f end
-    end
-    for i = 1, #old, 4000 do
-      redis.call('HDEL', stats, unpack(old, i, math.min(i + 3999, #old)))
-    end
-    redis.call('HSET', stats, 'pruned', int(target))
+    -- Far behind (nobody pruned for an hour): 16 seconds a call would never
+    -- catch up, and one pass over the whole hash would block Redis for as
+    -- long as the hash is large. Sweep it in steps instead.
+    sweep_step(stats, '0', target, target)
     return
   end
   local upto = math.min(target, cursor + 16)
@@ -60,6 +81,24 @@ local function prune(stats, now_s, retention)
   end
   redis.call('HDEL', stats, unpack(fields))
   redis.call('HSET', stats, 'pruned', int(upto))
+end
+
+-- Sets the stats hash's expiry and its 'encoding' field, and prunes the hash
+-- when given the current second. The hash holds one field per counter and
+-- second, hundreds of them. Redis keeps a small hash as a listpack (up to
+-- hash-max-listpack-entries fields), where every field lookup scans the whole
+-- hash: reading a minute's counters then costs hundreds of microseconds. A
+-- value longer than hash-max-listpack-value (64 bytes by default) turns it
+-- into a hash table for good, with O(1) lookups; the field 'encoding' holds
+-- such a value. Every script that counts calls it when it may have created
+-- the hash. release passes now_s: the expiry it refreshes every second would
+-- otherwise keep a hash that nobody prunes alive, and growing, for as long
+-- as workers report with no controller.
+local function keep_stats(stats, now_s)
+  redis.call('EXPIRE', stats, 3720)
+  redis.call('HSETNX', stats, 'encoding',
+    'hashtable: this value is longer than 64 bytes so that Redis keeps a hash table')
+  if now_s then prune(stats, now_s) end
 end
 
 -- Sums the counters named by names over the seconds (from_s, to_s], reading

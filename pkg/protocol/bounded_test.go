@@ -1,0 +1,314 @@
+package protocol_test
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/pkg/protocol"
+)
+
+// The tests of this file check that no script's work grows with the size of
+// the stats hash or, after a transition, with the window's length. They do
+// not time the scripts (the machine is shared and noisy): they count the hash
+// fields each script names or visits, read from MONITOR on a server of their
+// own. docs/benchmarks.md has what a field costs in microseconds; at that
+// cost, maxFieldsPerScript fields stay well under 5 ms of Redis time.
+const maxFieldsPerScript = 2000
+
+// luaCommand is one command a script ran, as MONITOR reports it.
+type luaCommand struct {
+	name string   // lower case, e.g. "hmget"
+	args []string // the key first
+}
+
+// scriptMonitor reads MONITOR on a connection of its own.
+type scriptMonitor struct {
+	r   *bufio.Reader
+	c   net.Conn
+	rdb *redis.Client
+	seq int
+}
+
+func startMonitor(t *testing.T, srv *redistest.Server) *scriptMonitor {
+	t.Helper()
+	conn, err := net.Dial("tcp", srv.Addr())
+	if err != nil {
+		t.Fatalf("dial for MONITOR: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	m := &scriptMonitor{r: bufio.NewReader(conn), c: conn, rdb: srv.Client()}
+	if _, err := conn.Write([]byte("MONITOR\r\n")); err != nil {
+		t.Fatalf("MONITOR: %v", err)
+	}
+	if line, err := m.r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "+OK") {
+		t.Fatalf("MONITOR = %q, %v", line, err)
+	}
+	return m
+}
+
+// run calls f and returns the commands that scripts ran on key meanwhile.
+// An ECHO before and one after f mark where f's commands begin and end in
+// the feed.
+func (m *scriptMonitor) run(t *testing.T, key string, f func()) []luaCommand {
+	t.Helper()
+	m.skipTo(t, m.mark(t), nil)
+	f()
+	var cmds []luaCommand
+	m.skipTo(t, m.mark(t), func(words []string) {
+		if len(words) > 1 && words[1] == key {
+			cmds = append(cmds, luaCommand{name: strings.ToLower(words[0]), args: words[1:]})
+		}
+	})
+	return cmds
+}
+
+// mark sends an ECHO of a new marker and returns the marker.
+func (m *scriptMonitor) mark(t *testing.T) string {
+	t.Helper()
+	m.seq++
+	marker := fmt.Sprintf("spillway-monitor-mark-%d", m.seq)
+	if err := m.rdb.Echo(ctxT(t), marker).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return marker
+}
+
+// skipTo reads the feed up to the ECHO of marker, passing the words of each
+// command a script ran to lua (when not nil).
+func (m *scriptMonitor) skipTo(t *testing.T, marker string, lua func(words []string)) {
+	t.Helper()
+	if err := m.c.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		line, err := m.r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("read MONITOR: %v", err)
+		}
+		_, rest, ok := strings.Cut(line, "] ")
+		if !ok {
+			continue
+		}
+		words := monitorWords(rest)
+		if len(words) == 2 && words[0] == "echo" && words[1] == marker {
+			return
+		}
+		if lua != nil && strings.Contains(line, " lua] ") {
+			lua(words)
+		}
+	}
+}
+
+// monitorWords splits the quoted words of a MONITOR line. Escapes are kept
+// as they are: only the number and the plain words matter here.
+func monitorWords(s string) []string {
+	var words []string
+	for {
+		i := strings.IndexByte(s, '"')
+		if i < 0 {
+			return words
+		}
+		s = s[i+1:]
+		var b strings.Builder
+		for len(s) > 0 && s[0] != '"' {
+			if s[0] == '\\' && len(s) > 1 {
+				b.WriteByte(s[0])
+				s = s[1:]
+			}
+			b.WriteByte(s[0])
+			s = s[1:]
+		}
+		words = append(words, b.String())
+		if len(s) > 0 {
+			s = s[1:]
+		}
+	}
+}
+
+// fieldWork is the number of hash fields that cmds name or visit: the fields
+// of HMGET, HDEL, HSET and the like, COUNT for HSCAN, and hashLen for a
+// command that reads the whole hash.
+func fieldWork(cmds []luaCommand, hashLen int64) int64 {
+	var n int64
+	for _, c := range cmds {
+		switch c.name {
+		case "hmget", "hdel":
+			n += int64(len(c.args) - 1)
+		case "hset":
+			n += int64(len(c.args)-1) / 2
+		case "hget", "hsetnx", "hincrby", "hexists":
+			n++
+		case "hscan":
+			count := int64(10)
+			for i := 2; i+1 < len(c.args); i++ {
+				if strings.EqualFold(c.args[i], "count") {
+					count, _ = strconv.ParseInt(c.args[i+1], 10, 64)
+				}
+			}
+			n += count
+		case "hkeys", "hvals", "hgetall":
+			n += hashLen
+		}
+	}
+	return n
+}
+
+// summary names cmds briefly, for failure messages: "hmget×3 hkeys×1".
+func summary(cmds []luaCommand) string {
+	var names []string
+	counts := map[string]int{}
+	for _, c := range cmds {
+		if counts[c.name] == 0 {
+			names = append(names, c.name)
+		}
+		counts[c.name]++
+	}
+	var b strings.Builder
+	for _, name := range names {
+		fmt.Fprintf(&b, " %s×%d", name, counts[name])
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// fillSeconds writes count into each counter of suffixes for every second
+// of [from, to], in batches.
+func fillSeconds(t *testing.T, rdb redis.UniversalClient, key string, from, to int64, suffixes []string, count int64) {
+	t.Helper()
+	var args []any
+	flush := func() {
+		if len(args) > 0 {
+			if err := rdb.HSet(ctxT(t), key, args...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			args = args[:0]
+		}
+	}
+	for s := from; s <= to; s++ {
+		for _, suffix := range suffixes {
+			args = append(args, fmt.Sprintf("%d:%s", s, suffix), count)
+		}
+		if len(args) >= 20_000 {
+			flush()
+		}
+	}
+	flush()
+}
+
+// nextSecond waits until Redis's clock is in a second after s, and returns it.
+func nextSecond(t *testing.T, rdb redis.UniversalClient, s int64) int64 {
+	t.Helper()
+	for {
+		if now := redisNow(t, rdb).Unix(); now > s {
+			return now
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var allSuffixes = []string{"s", "f", "t", "a1", "a2", "a3", "a4", "g", "b"}
+
+// TestStatsFarBehindSweepIsIncremental: two hours of counters behind a
+// cursor that lags two hours (the controller was down while workers kept
+// reporting) must be deleted in steps, each touching a bounded number of
+// fields, not by one read of the whole hash.
+func TestStatsFarBehindSweepIsIncremental(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	mon := startMonitor(t, srv)
+	c := newClient(t, rdb)
+	p := policy(1_000_000) // retention 2 min
+	mustPublish(t, c, p)
+	retention := int64(protocol.StatsRetention(p) / time.Second)
+	key := c.Keys().Stats
+	now := redisNow(t, rdb).Unix()
+	fillSeconds(t, rdb, key, now-7200, now-1, allSuffixes, 1)
+	if err := rdb.HSet(ctxT(t), key, "pruned", now-7300).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Nine counters a second within the retention, a margin for the
+	// seconds that pass, and the bookkeeping fields.
+	bound := 9*(retention+5) + 30
+	for i := 1; ; i++ {
+		n, err := rdb.HLen(ctxT(t), key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n <= bound {
+			break
+		}
+		if i > 1000 {
+			t.Fatalf("after %d window reads the stats hash still holds %d fields, want at most %d", i, n, bound)
+		}
+		cmds := mon.run(t, key, func() { mustWindow(t, c, 30*time.Second, time.Time{}) })
+		if w := fieldWork(cmds, n); w > maxFieldsPerScript {
+			t.Fatalf("window read %d over %d fields named or visited %d fields (%s), want at most %d", i, n, w, summary(cmds), maxFieldsPerScript)
+		}
+	}
+	target := redisNow(t, rdb).Unix() - retention
+	for s := range statsSeconds(t, rdb, c) {
+		if s <= target-2 {
+			t.Errorf("second %d (%d s ago) survived the sweep with retention %d s", s, target+retention-s, retention)
+		}
+	}
+}
+
+// TestStatsBoundedWithoutController: with no controller reading the window
+// and no failed job asking the budget, releases alone keep the stats hash
+// bounded. Two hours of reports (one successful call a second) are written
+// behind the cursor of a controller that went away two hours ago; within
+// about 20 s of releases the hash must hold only the retention's seconds,
+// and no release may touch more than a bounded number of fields.
+func TestStatsBoundedWithoutController(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	mon := startMonitor(t, srv)
+	c := newClient(t, rdb)
+	p := policy(1_000_000) // retention 2 min
+	mustPublish(t, c, p)
+	retention := int64(protocol.StatsRetention(p) / time.Second)
+	key := c.Keys().Stats
+	mustWindow(t, c, p.BreakerWindow, time.Time{}) // the controller's last read
+	now := redisNow(t, rdb).Unix()
+	fillSeconds(t, rdb, key, now-7200, now-1, []string{"s", "a1"}, 1)
+	if err := rdb.HSet(ctxT(t), key, "pruned", now-7300).Err(); err != nil {
+		t.Fatal(err)
+	}
+	bound := 9*(retention+5) + 30
+	var n int64
+	for end := time.Now().Add(25 * time.Second); time.Now().Before(end); {
+		var err error
+		if n, err = rdb.HLen(ctxT(t), key).Result(); err != nil {
+			t.Fatal(err)
+		}
+		if n <= bound {
+			break
+		}
+		for _, o := range []protocol.Outcome{protocol.Success, protocol.Failure, protocol.Timeout} {
+			cmds := mon.run(t, key, func() {
+				if _, err := c.Release(ctxT(t), "", 0, o, 1); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if w := fieldWork(cmds, n); w > maxFieldsPerScript {
+				t.Fatalf("a release over %d fields named or visited %d fields (%s), want at most %d", n, w, summary(cmds), maxFieldsPerScript)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n > bound {
+		t.Fatalf("after 25 s of releases with no controller, the stats hash holds %d fields, want at most %d", n, bound)
+	}
+	if ttl, err := rdb.TTL(ctxT(t), key).Result(); err != nil || ttl <= 0 {
+		t.Errorf("stats TTL = %v (%v), want an expiry", ttl, err)
+	}
+}
