@@ -3,6 +3,7 @@ package protocol_test
 import (
 	"bufio"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -214,6 +215,96 @@ func nextSecond(t *testing.T, rdb redis.UniversalClient, s int64) int64 {
 }
 
 var allSuffixes = []string{"s", "f", "t", "a1", "a2", "a3", "a4", "g", "b"}
+
+// TestWindowReadAfterTransitionIsIncremental: after a transition the
+// controller reads (from, now] at every evaluation, with the same from, until
+// the window slides past it. Those reads must move cached totals forward as
+// the sliding window's reads do, not sum every second since the transition at
+// every read: up to an hour, 32,000 fields, tens of milliseconds of Redis.
+func TestWindowReadAfterTransitionIsIncremental(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	mon := startMonitor(t, srv)
+	c := newClient(t, rdb)
+	p := policy(10)
+	p.BreakerWindow = time.Hour
+	mustPublish(t, c, p)
+	now := redisNow(t, rdb).Unix()
+	fillSeconds(t, rdb, c.Keys().Stats, now-3650, now-1, allSuffixes, 3)
+	key := c.Keys().Stats
+
+	read := func(what string, from time.Time) {
+		t.Helper()
+		var (
+			w   protocol.Window
+			at  time.Time
+			err error
+		)
+		cmds := mon.run(t, key, func() { w, _, at, err = c.ReadWindow(ctxT(t), time.Hour, from) })
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if n := fieldWork(cmds, 0); n > maxFieldsPerScript {
+			t.Errorf("%s: the script named or visited %d fields (%s), want at most %d", what, n, summary(cmds), maxFieldsPerScript)
+		}
+		if want := windowFromCounters(t, rdb, c, at.Unix(), 3600, from); w != want {
+			t.Errorf("%s at %v = %+v, the counters sum to %+v", what, at, w, want)
+		}
+	}
+
+	// The sliding hour, read every second before the transition, then a
+	// read right after it: (from, now] is a second or two.
+	mustWindow(t, c, time.Hour, time.Time{})
+	s := nextSecond(t, rdb, now)
+	read("sliding hour", time.Time{})
+	s = nextSecond(t, rdb, s)
+	read("first read after a transition", time.Unix(s-1, 0))
+
+	// A transition 3,000 s ago: the controller read the window once since
+	// (the first read after a restart sums it), then reads it every second.
+	from := time.Unix(s-3000, 0)
+	mustWindow(t, c, time.Hour, from)
+	for i := range 3 {
+		s = nextSecond(t, rdb, s)
+		read(fmt.Sprintf("read %d, 3,000 s after a transition", i+1), from)
+	}
+}
+
+// TestReadWindowAfterTransitionFollowsTheCounters: the controller passes the
+// same from at every read after a transition, while the window grows up to
+// its length and then slides on. Every read must equal the sum of the
+// per-second counters it covers, before, across and after that change.
+func TestReadWindowAfterTransitionFollowsTheCounters(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		mustPublish(t, c, policy(1000))
+		rng := rand.New(rand.NewPCG(5, 6))
+		const length = 3 * time.Second
+		reads, growing := 0, 0
+		from := redisNow(t, rdb).Add(-time.Second)
+		for end := time.Now().Add(6 * time.Second); time.Now().Before(end); {
+			reportAtRandom(t, c, rng)
+			w, _, at, err := c.ReadWindow(ctx, length, from)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := windowFromCounters(t, rdb, c, at.Unix(), int64(length/time.Second), from); w != want {
+				t.Fatalf("ReadWindow(%v, from %v) at %v = %+v, the counters sum to %+v", length, from, at, w, want)
+			}
+			if at.Unix()-int64(length/time.Second) < from.Unix() {
+				growing++
+			}
+			reads++
+			time.Sleep(time.Duration(rng.IntN(80)) * time.Millisecond)
+		}
+		if reads < 30 || growing == 0 || growing == reads {
+			t.Errorf("%d reads, %d of them before the window slid past the transition; want at least 30, some of each", reads, growing)
+		}
+	})
+}
 
 // TestStatsFarBehindSweepIsIncremental: two hours of counters behind a
 // cursor that lags two hours (the controller was down while workers kept

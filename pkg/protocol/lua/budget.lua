@@ -18,7 +18,7 @@ local p = int(now_s) .. ':'
 local fields = cache_fields('budget', names, {})
 for i = 1, #names do fields[#fields + 1] = p .. names[i] end
 local c = redis.call('HMGET', KEYS[2], unpack(fields))
-local t = closed_totals(KEYS[2], 'budget', names, window, now_s, c)
+local t = closed_totals(KEYS[2], 'budget', names, now_s - window, now_s, c)
 local k = 2 + #names
 local calls = t[1] + t[2] + t[3] + (tonumber(c[k + 1]) or 0) + (tonumber(c[k + 2]) or 0) + (tonumber(c[k + 3]) or 0)
 local granted = t[4] + (tonumber(c[k + 4]) or 0)

@@ -133,36 +133,43 @@ local function sum(stats, from_s, to_s, names)
 end
 
 -- The names of the fields that cache the totals of tag ('budget', 'window'):
--- <tag>_upto, <tag>_length, then <tag>_<name> for each name; appended to
+-- <tag>_upto, <tag>_from, then <tag>_<name> for each name; appended to
 -- fields, which is returned.
 local function cache_fields(tag, names, fields)
   fields[#fields + 1] = tag .. '_upto'
-  fields[#fields + 1] = tag .. '_length'
+  fields[#fields + 1] = tag .. '_from'
   for i = 1, #names do fields[#fields + 1] = tag .. '_' .. names[i] end
   return fields
 end
 
 -- Totals of the counters named by names over the closed seconds
--- (now_s - length, now_s - 1]. Counters are only ever added to the current
--- second, so these totals are cached in the stats hash (cache_fields) and
--- moved forward: when a second has passed since they were computed up to u,
--- the seconds (u, now_s - 1] are added and (u - length + 1, now_s - length]
--- subtracted. cached holds the cache's fields as HMGET returned them. The
--- totals are summed afresh when the cache is missing, for another length,
--- ahead of the clock, more than 50 s behind (the seconds to subtract may be
--- pruned: the retention exceeds every window by 60 s) or negative.
-local function closed_totals(stats, tag, names, length, now_s, cached)
+-- (from_s, now_s - 1]; from_s is now_s - length for a sliding window, or a
+-- transition's second, which stays put while the window grows up to its
+-- length. Counters are only ever added to the current second, so these
+-- totals are cached in the stats hash (cache_fields: computed over (f, u])
+-- and moved forward: the seconds (u, now_s - 1] are added and (f, from_s]
+-- subtracted, so a read costs the seconds that passed since the last one,
+-- not the window's length. cached holds the cache's fields as HMGET returned
+-- them. The totals are summed afresh when the cache is missing, ahead of the
+-- clock or of from_s, either bound more than 50 s behind (the seconds to
+-- subtract may be pruned: the retention exceeds every window by 60 s; and a
+-- new transition is cheaper summed) or when they come out negative.
+local function closed_totals(stats, tag, names, from_s, now_s, cached)
   local n = #names
   local last = now_s - 1
-  local upto = tonumber(cached[1])
+  if from_s > last then from_s = last end -- no closed second: an empty range
+  local upto, from = tonumber(cached[1]), tonumber(cached[2])
   local totals
-  if upto and tonumber(cached[2]) == length and upto <= last and last - upto <= 50 then
+  if upto and from and upto <= last and from <= from_s and last - upto <= 50 and from_s - from <= 50 then
     totals = {}
     for i = 1, n do totals[i] = tonumber(cached[2 + i]) or -1 end
     if upto < last then
       local add = sum(stats, upto, last, names)
-      local drop = sum(stats, upto - length + 1, last - length + 1, names)
-      for i = 1, n do totals[i] = totals[i] + add[i] - drop[i] end
+      for i = 1, n do totals[i] = totals[i] + add[i] end
+    end
+    if from < from_s then
+      local drop = sum(stats, from, from_s, names)
+      for i = 1, n do totals[i] = totals[i] - drop[i] end
     end
     for i = 1, n do
       if totals[i] < 0 then
@@ -172,11 +179,11 @@ local function closed_totals(stats, tag, names, length, now_s, cached)
     end
   end
   if not totals then
-    totals = sum(stats, now_s - length, last, names)
+    totals = sum(stats, from_s, last, names)
     upto = nil
   end
-  if upto ~= last then
-    local kv = {tag .. '_upto', int(last), tag .. '_length', int(length)}
+  if upto ~= last or from ~= from_s then
+    local kv = {tag .. '_upto', int(last), tag .. '_from', int(from_s)}
     for i = 1, n do
       kv[#kv + 1] = tag .. '_' .. names[i]
       kv[#kv + 1] = int(totals[i])
