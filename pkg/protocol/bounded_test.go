@@ -181,7 +181,7 @@ func summary(cmds []luaCommand) string {
 
 // fillSeconds writes count into each counter of suffixes for every second
 // of [from, to], in batches.
-func fillSeconds(t *testing.T, rdb redis.UniversalClient, key string, from, to int64, suffixes []string, count int64) {
+func fillSeconds(t testing.TB, rdb redis.UniversalClient, key string, from, to int64, suffixes []string, count int64) {
 	t.Helper()
 	var args []any
 	flush := func() {
@@ -204,7 +204,7 @@ func fillSeconds(t *testing.T, rdb redis.UniversalClient, key string, from, to i
 }
 
 // nextSecond waits until Redis's clock is in a second after s, and returns it.
-func nextSecond(t *testing.T, rdb redis.UniversalClient, s int64) int64 {
+func nextSecond(t testing.TB, rdb redis.UniversalClient, s int64) int64 {
 	t.Helper()
 	for {
 		if now := redisNow(t, rdb).Unix(); now > s {
