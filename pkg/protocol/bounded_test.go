@@ -327,7 +327,7 @@ func TestStatsFarBehindSweepIsIncremental(t *testing.T) {
 	}
 	// Nine counters a second within the retention, a margin for the
 	// seconds that pass, and the bookkeeping fields.
-	bound := 9*(retention+5) + 30
+	bound := 9*(retention+5) + 9*4 + 30
 	for i := 1; ; i++ {
 		n, err := rdb.HLen(ctxT(t), key).Result()
 		if err != nil {
@@ -374,7 +374,7 @@ func TestStatsBoundedWithoutController(t *testing.T) {
 	if err := rdb.HSet(ctxT(t), key, "pruned", now-7300).Err(); err != nil {
 		t.Fatal(err)
 	}
-	bound := 9*(retention+5) + 30
+	bound := 9*(retention+5) + 9*4 + 30
 	var n int64
 	for end := time.Now().Add(25 * time.Second); time.Now().Before(end); {
 		var err error
@@ -402,4 +402,190 @@ func TestStatsBoundedWithoutController(t *testing.T) {
 	if ttl, err := rdb.TTL(ctxT(t), key).Result(); err != nil || ttl <= 0 {
 		t.Errorf("stats TTL = %v (%v), want an expiry", ttl, err)
 	}
+}
+
+// rollUp writes what keep_stats (release, budget) would have written had
+// the counters of [from, seen + 60) been reported live: 'rolled_from' = from,
+// 'seen' = seen, the minute of the last report, and the totals
+// '<minute>:m<suffix>' of each minute before it.
+func rollUp(t *testing.T, rdb redis.UniversalClient, key string, from, seen int64) {
+	t.Helper()
+	fields, err := rdb.HGetAll(ctxT(t), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	totals := map[string]int64{}
+	for k, v := range fields {
+		sec, suffix, ok := strings.Cut(k, ":")
+		s, err := strconv.ParseInt(sec, 10, 64)
+		if !ok || err != nil || strings.HasPrefix(suffix, "m") || s < from || s >= seen {
+			continue
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		totals[fmt.Sprintf("%d:m%s", s-s%60, suffix)] += n
+	}
+	args := []any{"rolled_from", from, "seen", seen}
+	for k, n := range totals {
+		args = append(args, k, n)
+	}
+	if err := rdb.HSet(ctxT(t), key, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestColdHourReadIsBounded: the first read of a 1 h window (the controller
+// started, or read nothing for 50 s) and the first budget decision over a
+// 1 h budget window (or one after 50 s without any) find no cached totals
+// to move forward. Summing an hour second by second names 32,400 fields
+// (window) or 14,400 (budget): tens of milliseconds of Redis. With the
+// minute totals that reports keep, the sum must stay bounded, and exact:
+// for a dependency reported on until now, and for one whose reports stopped
+// five minutes ago (the minutes since have no counters, nor totals).
+func TestColdHourReadIsBounded(t *testing.T) {
+	t.Parallel()
+	for _, quiet := range []int64{0, 5} {
+		t.Run(fmt.Sprintf("quiet for %d minutes", quiet), func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			rdb := srv.Client()
+			mon := startMonitor(t, srv)
+			c := newClient(t, rdb)
+			p := policy(1_000_000)
+			p.BreakerWindow, p.Budget.Window = time.Hour, time.Hour
+			mustPublish(t, c, p)
+			key := c.Keys().Stats
+			now := redisNow(t, rdb).Unix()
+			minute := now - now%60
+			// An hour and a bit of reports: counters in every second up to
+			// quiet minutes ago, the totals of every minute but the last.
+			last := minute - 60*quiet
+			if quiet == 0 {
+				fillSeconds(t, rdb, key, now-3700, now-1, allSuffixes, 2)
+			} else {
+				last -= 60
+				fillSeconds(t, rdb, key, now-3700, last+59, allSuffixes, 2)
+			}
+			rollUp(t, rdb, key, minute-3720, last)
+			for i := range 3 {
+				coldReads(t, mon, rdb, c, i+1)
+				time.Sleep(300 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// coldReads reads the 1 h window and asks the 1 h budget with no cached
+// totals, and checks the work and the answers.
+func coldReads(t *testing.T, mon *scriptMonitor, rdb redis.UniversalClient, c *protocol.Client, i int) {
+	t.Helper()
+	key := c.Keys().Stats
+	var (
+		w   protocol.Window
+		at  time.Time
+		err error
+	)
+	if err := rdb.HDel(ctxT(t), key, "window_upto", "budget_upto").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cmds := mon.run(t, key, func() { w, _, at, err = c.ReadWindow(ctxT(t), time.Hour, time.Time{}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := fieldWork(cmds, 0); n > maxFieldsPerScript {
+		t.Errorf("cold read %d of a 1 h window named or visited %d fields (%s), want at most %d", i, n, summary(cmds), maxFieldsPerScript)
+	}
+	if want := windowFromCounters(t, rdb, c, at.Unix(), 3600, time.Time{}); w != want {
+		t.Errorf("cold read %d at %v = %+v, the counters sum to %+v", i, at, w, want)
+	}
+	var d protocol.BudgetDecision
+	before := redisNow(t, rdb)
+	cmds = mon.run(t, key, func() { d, err = c.RetryBudget(ctxT(t)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := fieldWork(cmds, 0); n > maxFieldsPerScript {
+		t.Errorf("cold budget decision %d over 1 h named or visited %d fields (%s), want at most %d", i, n, summary(cmds), maxFieldsPerScript)
+	}
+	if after := redisNow(t, rdb); after.Unix() == before.Unix() {
+		grant := int64(0)
+		if d.Allowed {
+			grant = 1
+		}
+		if want := windowFromCounters(t, rdb, c, before.Unix(), 3600, time.Time{}); d.Calls != want.Calls || d.Granted+grant != want.RetriesGranted {
+			t.Errorf("cold budget decision %d counted %d calls and %d granted; the counters hold %d and %d, this decision included (%d)",
+				i, d.Calls, d.Granted, want.Calls, want.RetriesGranted, grant)
+		}
+	}
+}
+
+// TestMinuteTotals: the first report in a minute writes the totals of the
+// minute of the previous report ('seen'), which equal the sums of its
+// seconds, and moves 'seen'; the first report of all starts 'rolled_from'.
+func TestMinuteTotals(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		mustPublish(t, c, policy(1000))
+		key := c.Keys().Stats
+		if _, err := c.Release(ctx, "", 0, protocol.Failure, 2); err != nil {
+			t.Fatal(err)
+		}
+		now := redisNow(t, rdb).Unix()
+		minute := now - now%60
+		got, err := rdb.HMGet(ctx, key, "seen", "rolled_from").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s, _ := got[0].(string); s != strconv.FormatInt(minute, 10) && s != strconv.FormatInt(minute-60, 10) {
+			t.Fatalf("after the first report seen = %v, want the minute %d", got[0], minute)
+		}
+		if got[0] != got[1] {
+			t.Errorf("after the first report rolled_from = %v, want seen (%v)", got[1], got[0])
+		}
+
+		// Reports in a minute of ten minutes ago, the last one then.
+		past := minute - 600
+		rng := rand.New(rand.NewPCG(7, 8))
+		counts := map[int64]map[string]int64{}
+		want := map[string]int64{}
+		for s := past; s < past+60; s += 1 + int64(rng.IntN(5)) {
+			counts[s-now] = map[string]int64{}
+			for _, suffix := range allSuffixes {
+				n := int64(rng.IntN(4))
+				counts[s-now][suffix] = n
+				want[suffix] += n
+			}
+		}
+		hsetSeconds(t, rdb, c, now, counts)
+		if err := rdb.HSet(ctx, key, "seen", past, "rolled_from", past-600).Err(); err != nil {
+			t.Fatal(err)
+		}
+		// The first success of its second (the first report was a failure).
+		if _, err := c.Release(ctx, "", 0, protocol.Success, 1); err != nil {
+			t.Fatal(err)
+		}
+		now = redisNow(t, rdb).Unix()
+		for _, suffix := range allSuffixes {
+			n, err := rdb.HGet(ctx, key, fmt.Sprintf("%d:m%s", past, suffix)).Int64()
+			if err == redis.Nil {
+				n, err = 0, nil
+			}
+			if err != nil || n != want[suffix] {
+				t.Errorf("total of %q over the minute %d = %d (%v), its seconds sum to %d", suffix, past, n, err, want[suffix])
+			}
+		}
+		if s, err := rdb.HGet(ctx, key, "seen").Int64(); err != nil || s != now-now%60 {
+			t.Errorf("seen = %d (%v), want this minute %d", s, err, now-now%60)
+		}
+		// The 1 h window reads the totals of that minute and skips the nine
+		// minutes after it, which have no reports.
+		w, _, at, err := c.ReadWindow(ctx, time.Hour, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := windowFromCounters(t, rdb, c, at.Unix(), 3600, time.Time{}); w != want {
+			t.Errorf("1 h window at %v = %+v, the counters sum to %+v", at, w, want)
+		}
+	})
 }

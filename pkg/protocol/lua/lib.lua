@@ -20,6 +20,52 @@ local function suffixes()
   return {'s', 'f', 't', 'a1', 'a2', 'a3', 'a4', 'g', 'b'}
 end
 
+-- Sums the counters named by names over the seconds (from_s, to_s], reading
+-- at most 4000 fields per HMGET: unpack() takes at most about 8000 values.
+-- roll, when given, is {rolled_from, seen, the current minute} (see
+-- keep_stats): a whole minute m of the range with rolled_from <= m < seen is
+-- read from its minute totals '<m>:m<suffix>' (9 fields instead of 540), one
+-- with seen < m < the current minute is skipped (no report came in it, so it
+-- has no counters). Each second's prefix is formatted once; the loops index
+-- arrays directly.
+local function sum(stats, from_s, to_s, names, roll)
+  local n = #names
+  local totals = {}
+  for i = 1, n do totals[i] = 0 end
+  local fields, index, k = {}, {}, 0
+  local rolled_from, seen, minute
+  if roll then rolled_from, seen, minute = roll[1], roll[2], roll[3] end
+  local s = from_s + 1
+  while s <= to_s do
+    if rolled_from and s % 60 == 0 and s + 59 <= to_s and s >= rolled_from and s ~= seen and s < minute then
+      if s < seen then
+        local p = int(s) .. ':m'
+        for i = 1, n do
+          k = k + 1
+          fields[k], index[k] = p .. names[i], i
+        end
+      end
+      s = s + 60
+    else
+      local p = int(s) .. ':'
+      for i = 1, n do
+        k = k + 1
+        fields[k], index[k] = p .. names[i], i
+      end
+      s = s + 1
+    end
+    if k >= 4000 or (s > to_s and k > 0) then
+      local values = redis.call('HMGET', stats, unpack(fields, 1, k))
+      for i = 1, k do
+        local v = values[i]
+        if v then totals[index[i]] = totals[index[i]] + tonumber(v) end
+      end
+      k = 0
+    end
+  end
+  return totals
+end
+
 -- One step of the sweep that prune starts when its cursor lags more than an
 -- hour: HSCAN from cursor (COUNT 500, so a step touches about 500 fields
 -- whatever the hash's size), deleting the counters of seconds at or before
@@ -78,66 +124,80 @@ local function prune(stats, now_s, retention)
   local fields = {}
   for s = cursor + 1, upto do
     for _, f in ipairs(suffixes()) do fields[#fields + 1] = int(s) .. ':' .. f end
+    if s % 60 == 0 then
+      for _, f in ipairs(suffixes()) do fields[#fields + 1] = int(s) .. ':m' .. f end
+    end
   end
   redis.call('HDEL', stats, unpack(fields))
   redis.call('HSET', stats, 'pruned', int(upto))
 end
 
--- Sets the stats hash's expiry and its 'encoding' field, and prunes the hash
--- when given the current second. The hash holds one field per counter and
--- second, hundreds of them. Redis keeps a small hash as a listpack (up to
--- hash-max-listpack-entries fields), where every field lookup scans the whole
--- hash: reading a minute's counters then costs hundreds of microseconds. A
--- value longer than hash-max-listpack-value (64 bytes by default) turns it
--- into a hash table for good, with O(1) lookups; the field 'encoding' holds
--- such a value. Every script that counts calls it when it may have created
--- the hash. release passes now_s: the expiry it refreshes every second would
+-- Writes the minute totals '<m>:m<suffix>' of minute m (its first second),
+-- for the counters that are not zero.
+local function roll_minute(stats, m)
+  local names = suffixes()
+  local totals = sum(stats, m - 1, m + 59, names)
+  local kv = {}
+  for i = 1, #names do
+    if totals[i] ~= 0 then
+      kv[#kv + 1] = int(m) .. ':m' .. names[i]
+      kv[#kv + 1] = int(totals[i])
+    end
+  end
+  if #kv > 0 then redis.call('HSET', stats, unpack(kv)) end
+end
+
+-- Sets the stats hash's expiry and its 'encoding' field; given the current
+-- second, also keeps the minute totals and, unless pruned is true, prunes.
+--
+-- The hash holds one field per counter and second, hundreds of them. Redis
+-- keeps a small hash as a listpack (up to hash-max-listpack-entries fields),
+-- where every field lookup scans the whole hash: reading a minute's counters
+-- then costs hundreds of microseconds. A value longer than
+-- hash-max-listpack-value (64 bytes by default) turns it into a hash table for
+-- good, with O(1) lookups; the field 'encoding' holds such a value. Every
+-- script that counts calls this when it may have created the hash.
+--
+-- release and budget call it with now_s on the first count of a counter in a
+-- second, so it runs in every second that has counters. 'seen' is the minute
+-- (first second) of the last such call: the first call in a new minute
+-- writes the totals of minute 'seen', which is closed, and every minute
+-- between it and this one had no counters. 'rolled_from' is the minute of
+-- the first call: from it up to 'seen' (excluded) every minute has its
+-- totals or no counters, which lets sum read an hour in 60 fields per
+-- counter instead of 3600.
+--
+-- release prunes here because the expiry it refreshes every second would
 -- otherwise keep a hash that nobody prunes alive, and growing, for as long
 -- as workers report with no controller.
-local function keep_stats(stats, now_s)
+local function keep_stats(stats, now_s, pruned)
   redis.call('EXPIRE', stats, 3720)
   redis.call('HSETNX', stats, 'encoding',
     'hashtable: this value is longer than 64 bytes so that Redis keeps a hash table')
-  if now_s then prune(stats, now_s) end
-end
-
--- Sums the counters named by names over the seconds (from_s, to_s], reading
--- 500 seconds at a time: unpack() takes at most about 8000 values. Each
--- second's prefix is formatted once; the loops index arrays directly.
-local function sum(stats, from_s, to_s, names)
-  local n = #names
-  local totals = {}
-  for i = 1, n do totals[i] = 0 end
-  local s = from_s + 1
-  while s <= to_s do
-    local upto = math.min(to_s, s + 499)
-    local fields, k = {}, 0
-    for t = s, upto do
-      local p = int(t) .. ':'
-      for i = 1, n do
-        k = k + 1
-        fields[k] = p .. names[i]
-      end
+  if not now_s then return end
+  local minute = now_s - now_s % 60
+  local r = redis.call('HMGET', stats, 'seen', 'rolled_from')
+  local seen = tonumber(r[1])
+  if seen ~= minute then
+    if seen and tonumber(r[2]) and seen < minute then
+      roll_minute(stats, seen)
+      redis.call('HSET', stats, 'seen', int(minute))
+    else
+      -- The first report, or the clock went back: start afresh.
+      redis.call('HSET', stats, 'seen', int(minute), 'rolled_from', int(minute))
     end
-    local values = redis.call('HMGET', stats, unpack(fields))
-    for i = 1, k do
-      local v = values[i]
-      if v then
-        local j = (i - 1) % n + 1
-        totals[j] = totals[j] + tonumber(v)
-      end
-    end
-    s = upto + 1
   end
-  return totals
+  if not pruned then prune(stats, now_s) end
 end
 
 -- The names of the fields that cache the totals of tag ('budget', 'window'):
--- <tag>_upto, <tag>_from, then <tag>_<name> for each name; appended to
--- fields, which is returned.
+-- <tag>_upto, <tag>_from, rolled_from, seen (keep_stats), then
+-- <tag>_<name> for each name; appended to fields, which is returned.
 local function cache_fields(tag, names, fields)
   fields[#fields + 1] = tag .. '_upto'
   fields[#fields + 1] = tag .. '_from'
+  fields[#fields + 1] = 'rolled_from'
+  fields[#fields + 1] = 'seen'
   for i = 1, #names do fields[#fields + 1] = tag .. '_' .. names[i] end
   return fields
 end
@@ -149,8 +209,8 @@ end
 -- totals are cached in the stats hash (cache_fields: computed over (f, u])
 -- and moved forward: the seconds (u, now_s - 1] are added and (f, from_s]
 -- subtracted, so a read costs the seconds that passed since the last one,
--- not the window's length. cached holds the cache's fields as HMGET returned
--- them. The totals are summed afresh when the cache is missing, ahead of the
+-- not the window's length. cached holds the fields of cache_fields as HMGET
+-- returned them; sums use the minute totals (keep_stats). The totals are summed afresh when the cache is missing, ahead of the
 -- clock or of from_s, either bound more than 50 s behind (the seconds to
 -- subtract may be pruned: the retention exceeds every window by 60 s; and a
 -- new transition is cheaper summed) or when they come out negative.
@@ -159,16 +219,20 @@ local function closed_totals(stats, tag, names, from_s, now_s, cached)
   local last = now_s - 1
   if from_s > last then from_s = last end -- no closed second: an empty range
   local upto, from = tonumber(cached[1]), tonumber(cached[2])
+  local roll
+  if tonumber(cached[3]) and tonumber(cached[4]) then
+    roll = {tonumber(cached[3]), tonumber(cached[4]), now_s - now_s % 60}
+  end
   local totals
   if upto and from and upto <= last and from <= from_s and last - upto <= 50 and from_s - from <= 50 then
     totals = {}
-    for i = 1, n do totals[i] = tonumber(cached[2 + i]) or -1 end
+    for i = 1, n do totals[i] = tonumber(cached[4 + i]) or -1 end
     if upto < last then
-      local add = sum(stats, upto, last, names)
+      local add = sum(stats, upto, last, names, roll)
       for i = 1, n do totals[i] = totals[i] + add[i] end
     end
     if from < from_s then
-      local drop = sum(stats, from, from_s, names)
+      local drop = sum(stats, from, from_s, names, roll)
       for i = 1, n do totals[i] = totals[i] - drop[i] end
     end
     for i = 1, n do
@@ -179,7 +243,7 @@ local function closed_totals(stats, tag, names, from_s, now_s, cached)
     end
   end
   if not totals then
-    totals = sum(stats, from_s, last, names)
+    totals = sum(stats, from_s, last, names, roll)
     upto = nil
   end
   if upto ~= last or from ~= from_s then

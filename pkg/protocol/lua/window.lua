@@ -18,7 +18,7 @@ for i = 1, #names do fields[#fields + 1] = p .. names[i] end
 local c = redis.call('HMGET', KEYS[2], unpack(fields))
 local totals = closed_totals(KEYS[2], 'window', names, from_s, now_s, c)
 if from_s < now_s then
-  local k = 2 + #names
+  local k = 4 + #names
   for i = 1, #names do totals[i] = totals[i] + (tonumber(c[k + i]) or 0) end
 end
 local retention = tonumber(redis.call('HGET', KEYS[1], 'stats_retention_s'))
