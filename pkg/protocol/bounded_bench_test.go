@@ -2,6 +2,7 @@ package protocol_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -25,8 +26,11 @@ func BenchmarkScriptDurations(b *testing.B) {
 		run  func(b *testing.B, s *slowlog, rdb *redis.Client)
 	}{
 		{"window-1h-3000s-after-transition", benchWindowAfterTransition},
-		{"window-1h-cold", benchColdRead(false)},
-		{"budget-1h-cold", benchColdRead(true)},
+		{"window-1h-cold", benchColdRead(false, false)},
+		{"budget-1h-cold", benchColdRead(true, false)},
+		{"window-1h-cold-second-by-second", benchColdRead(false, true)},
+		{"budget-1h-cold-second-by-second", benchColdRead(true, true)},
+		{"release-writing-minute-totals", benchMinuteTotals},
 		{"sweep-2h-behind-by-window", benchSweep(false)},
 		{"sweep-2h-behind-by-release", benchSweep(true)},
 	} {
@@ -93,8 +97,10 @@ func benchWindowAfterTransition(b *testing.B, s *slowlog, rdb *redis.Client) {
 
 // benchColdRead: the first read of a 1 h window (budget: the first decision
 // over a 1 h budget window, or one after 50 s without any) over an hour of
-// counters, when no cached totals can be moved forward.
-func benchColdRead(budget bool) func(b *testing.B, s *slowlog, rdb *redis.Client) {
+// counters, when no cached totals can be moved forward; with the minute
+// totals that live reports keep, or (secondBySecond) without them, as a hash
+// written before they existed is read.
+func benchColdRead(budget, secondBySecond bool) func(b *testing.B, s *slowlog, rdb *redis.Client) {
 	return func(b *testing.B, s *slowlog, rdb *redis.Client) {
 		c := newClient(b, rdb)
 		p := policy(10)
@@ -102,6 +108,9 @@ func benchColdRead(budget bool) func(b *testing.B, s *slowlog, rdb *redis.Client
 		mustPublish(b, c, p)
 		now := redisNow(b, rdb).Unix()
 		fillSeconds(b, rdb, c.Keys().Stats, now-3650, now-1, allSuffixes, 3)
+		if !secondBySecond {
+			rollUp(b, rdb, c.Keys().Stats, now-now%60-3720, now-now%60) // as live reports leave it
+		}
 		if budget {
 			if _, err := c.RetryBudget(context.Background()); err != nil {
 				b.Fatal(err)
@@ -165,6 +174,40 @@ func benchSweep(byRelease bool) func(b *testing.B, s *slowlog, rdb *redis.Client
 			if byRelease {
 				time.Sleep(time.Duration(1e9 - time.Now().UnixNano()%1e9)) // the next second's first counts prune
 			}
+		}
+	}
+}
+
+// benchMinuteTotals: the first release of a minute, which writes the totals
+// of the previous minute (nine counters in each of its seconds), five times.
+func benchMinuteTotals(b *testing.B, s *slowlog, rdb *redis.Client) {
+	ctx := context.Background()
+	c := newClient(b, rdb)
+	mustPublish(b, c, policy(1_000_000))
+	key := c.Keys().Stats
+	if _, err := c.Release(ctx, "", 0, protocol.Success, 1); err != nil { // loads the script
+		b.Fatal(err)
+	}
+	for i := range int64(5) {
+		now := redisNow(b, rdb).Unix()
+		past := now - now%60 - 600 - 60*i
+		fillSeconds(b, rdb, key, past, past+59, allSuffixes, 2)
+		if err := rdb.HSet(ctx, key, "seen", past).Err(); err != nil {
+			b.Fatal(err)
+		}
+		if err := rdb.HDel(ctx, key, fmt.Sprintf("%d:f", now), fmt.Sprintf("%d:f", now+1)).Err(); err != nil {
+			b.Fatal(err)
+		}
+		s.measured(b, func() {
+			if _, err := c.Release(ctx, "", 0, protocol.Failure, 1); err != nil {
+				b.Fatal(err)
+			}
+		})
+		if n, err := rdb.HLen(ctx, key).Result(); err != nil || n == 0 {
+			b.Fatal(err)
+		}
+		if v, err := rdb.HGet(ctx, key, fmt.Sprintf("%d:ms", past)).Int64(); err != nil || v != 120 {
+			b.Fatalf("minute total of s = %d (%v), want 120", v, err)
 		}
 	}
 }

@@ -408,7 +408,7 @@ func TestStatsBoundedWithoutController(t *testing.T) {
 // the counters of [from, seen + 60) been reported live: 'rolled_from' = from,
 // 'seen' = seen, the minute of the last report, and the totals
 // '<minute>:m<suffix>' of each minute before it.
-func rollUp(t *testing.T, rdb redis.UniversalClient, key string, from, seen int64) {
+func rollUp(t testing.TB, rdb redis.UniversalClient, key string, from, seen int64) {
 	t.Helper()
 	fields, err := rdb.HGetAll(ctxT(t), key).Result()
 	if err != nil {
