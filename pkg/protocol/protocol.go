@@ -154,6 +154,7 @@ var (
 	budgetScript    = script("budget")
 	windowScript    = script("window")
 	publishScript   = script("publish")
+	readScript      = script("read")
 	supersedeScript = script("supersede")
 	noopScript      = func() *redis.Script {
 		body, err := luaFS.ReadFile("lua/noop.lua")
