@@ -19,7 +19,6 @@ import (
 // time, until a manager publishes again.
 func TestDeadManOpenAdmitsProbes(t *testing.T) {
 	t.Parallel()
-	t.Skip("needs the dead-man rule in acquire.lua (coordinator, issue 11 item 5), not merged into this branch yet")
 	g := NewWithT(t)
 	ctx := context.Background()
 	ns := newNamespace(t)
