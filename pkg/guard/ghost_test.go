@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,6 +97,11 @@ func TestAcquireThatTimedOutBehindASlowCommandLeavesNoGhost(t *testing.T) {
 			gd := newGuard(t, rdb, guard.Options{Registerer: reg})
 			if warm {
 				g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed(), "clock sampled")
+			} else {
+				// Another worker loads the scripts: the stalled request
+				// must find them, or it would fail with NOSCRIPT and write
+				// nothing.
+				g.Expect(newGuard(t, rdb, guard.Options{}).Do(t.Context(), guard.Job{}, ok)).To(Succeed())
 			}
 
 			answered := stall(t, srv, 500*time.Millisecond)
@@ -192,4 +198,42 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	case <-t.C:
 	case <-ctx.Done():
 	}
+}
+
+// lateOnce makes the first acquisition it sees carry a deadline long past, as
+// if Redis's clock had jumped ahead of the guard's estimate (a failover to a
+// master with another clock).
+type lateOnce struct{ done *atomic.Bool }
+
+func (h lateOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h lateOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		// The first command after the hook is added is an acquisition:
+		// EVALSHA sha numkeys keys... lease-id ttl deadline ...
+		if args := cmd.Args(); args[0] == "evalsha" && h.done.CompareAndSwap(false, true) {
+			args[3+args[2].(int)+2] = int64(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h lateOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A request refused as late although its reply came in time is made once
+// more with a fresh estimate of Redis's clock, and admitted.
+func TestLateRefusalInTimeRetriesOnce(t *testing.T) {
+	g := NewWithT(t)
+	rdb := fastClient(redistest.Start(t))
+	publish(t, rdb, defaultPublished(1))
+	gd := newGuard(t, rdb, guard.Options{})
+	g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed(), "clock sampled")
+
+	var late atomic.Bool
+	rdb.AddHook(lateOnce{&late})
+	g.Expect(rdb.ConfigResetStat(t.Context()).Err()).To(Succeed())
+	g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed())
+	g.Expect(late.Load()).To(BeTrue(), "the first acquisition was sent with a past deadline")
+	g.Expect(commandCalls(t, rdb)["evalsha"]).To(Equal(3), "refused as late, acquired again, released")
+	g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed(), "the slot was released")
 }

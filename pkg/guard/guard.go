@@ -10,6 +10,7 @@
 //
 //	g, err := guard.New(rdb, "mail/template-api", guard.Options{})
 //	...
+//	defer g.Close()
 //	err = g.Do(ctx, guard.Job{Attempt: attempt, Deadline: enqueuedAt.Add(5 * time.Minute)},
 //		func(ctx context.Context) error { return render(ctx, tmpl) })
 //	switch action, after, _ := guard.Decide(err); action {
