@@ -3,6 +3,7 @@ package protocol_test
 import (
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,8 +53,8 @@ func TestAcquireLimit(t *testing.T) {
 			if a.Epoch != 3 || a.Limit != n {
 				t.Errorf("admission %d: epoch %d limit %d, want 3 and %d", i, a.Epoch, a.Limit, n)
 			}
-			if a.Member[:2] != "3:" {
-				t.Errorf("member %q does not start with the epoch", a.Member)
+			if !strings.HasPrefix(a.Member, "lease-") {
+				t.Errorf("member %q is not the lease id", a.Member)
 			}
 			members[a.Member] = true
 		}

@@ -208,7 +208,7 @@ func BenchmarkAcquireReleaseVsNoop(b *testing.B) {
 }
 
 var (
-	floorAcquire = redis.NewScript("return {0, 1, 1000000000, 'Closed'}")
+	floorAcquire = redis.NewScript("return {0, 1, 1000000000, 'Closed', 1764547200000}")
 	floorRelease = redis.NewScript("return 1")
 )
 
@@ -219,13 +219,10 @@ func floorPair(rdb redis.UniversalClient, k protocol.Keys) func(context.Context,
 	releaseKeys := []string{k.Leases, k.Stats}
 	return func(ctx context.Context, _ *protocol.Client) error {
 		id := protocol.NewLeaseID()
-		res, err := floorAcquire.Run(ctx, rdb, acquireKeys, id, int64(60000)).Slice()
-		if err != nil {
+		if err := floorAcquire.Run(ctx, rdb, acquireKeys, id, int64(60000), int64(0)).Err(); err != nil {
 			return err
 		}
-		epoch, _ := res[1].(int64)
-		member := strconv.FormatInt(epoch, 10) + ":" + id
-		return floorRelease.Run(ctx, rdb, releaseKeys, member, "s", 1).Err()
+		return floorRelease.Run(ctx, rdb, releaseKeys, id, "s", 1).Err()
 	}
 }
 

@@ -76,6 +76,10 @@ const (
 	RefusedRate Code = 3
 	// RefusedSuperseded: a newer version of the job exists.
 	RefusedSuperseded Code = 4
+	// RefusedLate: the request reached Redis after its Deadline; nothing
+	// was written. Its caller has given up on it, or should, and Now says
+	// how far off the caller's idea of Redis time was.
+	RefusedLate Code = 7
 )
 
 // String names the code.
@@ -91,6 +95,8 @@ func (c Code) String() string {
 		return "rate"
 	case RefusedSuperseded:
 		return "superseded"
+	case RefusedLate:
+		return "late"
 	}
 	return "code(" + strconv.Itoa(int(c)) + ")"
 }
@@ -107,6 +113,13 @@ type AcquireArgs struct {
 	JobVersion int64
 	// JobTTL is how long the newest version of a job key is remembered.
 	JobTTL time.Duration
+	// Deadline, when set, is the latest Redis time at which the request may
+	// still take a slot: a request that waited longer (behind a slow
+	// script, or in the socket of a paused Redis) after its caller stopped
+	// waiting for the reply is refused with RefusedLate and writes nothing,
+	// so it leaves no lease that no call holds. It is Redis's clock, not
+	// the caller's: estimate it from Admission.Now.
+	Deadline time.Time
 }
 
 // Admission is the answer to an acquisition.
@@ -119,7 +132,7 @@ type Admission struct {
 	Limit int64
 	// Held is the number of leases held when a call was throttled.
 	Held int64
-	// Member is the lease's member in the leases sorted set.
+	// Member is the lease's member in the leases sorted set: the lease id.
 	Member string
 	// State is the state that admitted the call.
 	State State
@@ -127,6 +140,9 @@ type Admission struct {
 	Wait time.Duration
 	// Newest is the newest known version of a superseded job.
 	Newest int64
+	// Now is Redis's time when the script ran, in every reply that reached
+	// it (not with ErrNoPolicy or ErrVersion).
+	Now time.Time
 }
 
 // NewLeaseID returns a lease id unique with overwhelming probability: 128
@@ -152,7 +168,7 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 		return Admission{}, fmt.Errorf("lease ttl must be at least 1ms, got %v", a.TTL)
 	}
 	keys := c.acquireKeys
-	args := []any{a.LeaseID, a.TTL.Milliseconds()}
+	args := []any{a.LeaseID, a.TTL.Milliseconds(), millis(a.Deadline)}
 	if a.JobKey != "" {
 		if a.JobVersion < 0 || a.JobVersion > MaxJobVersion {
 			return Admission{}, fmt.Errorf("job version must be in [0, 2^53), got %d", a.JobVersion)
@@ -171,31 +187,41 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 	if err != nil {
 		return Admission{}, err
 	}
+	// Every reply that reached the policy ends with Redis's time in ms.
+	var now time.Time
+	if code != 5 && code != 6 {
+		ms, err := intAt(res, len(res)-1)
+		if err != nil {
+			return Admission{}, err
+		}
+		now = time.UnixMilli(ms)
+	}
 	switch code {
 	case 0:
 		epoch, _ := intAt(res, 1)
 		limit, _ := intAt(res, 2)
 		state, _ := res[3].(string)
-		member := strconv.FormatInt(epoch, 10) + ":" + a.LeaseID
-		return Admission{Code: Admitted, Epoch: epoch, Limit: limit, Member: member, State: State(state)}, nil
+		return Admission{Code: Admitted, Epoch: epoch, Limit: limit, Member: a.LeaseID, State: State(state), Now: now}, nil
 	case 1:
 		wait, _ := intAt(res, 1)
-		return Admission{Code: RefusedOpen, Wait: time.Duration(wait) * time.Millisecond}, nil
+		return Admission{Code: RefusedOpen, Wait: time.Duration(wait) * time.Millisecond, Now: now}, nil
 	case 2:
 		wait, _ := intAt(res, 1)
 		held, _ := intAt(res, 2)
 		limit, _ := intAt(res, 3)
-		return Admission{Code: RefusedThrottled, Wait: time.Duration(wait) * time.Millisecond, Held: held, Limit: limit}, nil
+		return Admission{Code: RefusedThrottled, Wait: time.Duration(wait) * time.Millisecond, Held: held, Limit: limit, Now: now}, nil
 	case 3:
 		wait, _ := intAt(res, 1)
-		return Admission{Code: RefusedRate, Wait: time.Duration(wait) * time.Millisecond}, nil
+		return Admission{Code: RefusedRate, Wait: time.Duration(wait) * time.Millisecond, Now: now}, nil
 	case 4:
 		newest, _ := intAt(res, 1)
-		return Admission{Code: RefusedSuperseded, Newest: newest}, nil
+		return Admission{Code: RefusedSuperseded, Newest: newest, Now: now}, nil
 	case 5:
 		return Admission{}, fmt.Errorf("%s: %w", c.dep, ErrNoPolicy)
 	case 6:
 		return Admission{}, fmt.Errorf("%s: %w", c.dep, ErrVersion)
+	case 7:
+		return Admission{Code: RefusedLate, Now: now}, nil
 	}
 	return Admission{}, fmt.Errorf("unexpected acquire reply %v", res)
 }
@@ -223,7 +249,7 @@ func (c *Client) Renew(ctx context.Context, member string, ttl time.Duration) (b
 // reads true; whether a lease was lost is renew's answer, not release's.
 func (c *Client) Release(ctx context.Context, member string, epoch int64, outcome Outcome, attempt int) (bool, error) {
 	if !outcome.Valid() {
-		return false, fmt.Errorf("outcome must be s, f or t, got %q", outcome)
+		return false, fmt.Errorf("outcome must be s, f, t or c, got %q", outcome)
 	}
 	if attempt < 1 {
 		return false, fmt.Errorf("attempt must be at least 1, got %d", attempt)
@@ -239,6 +265,23 @@ func (c *Client) Release(ctx context.Context, member string, epoch int64, outcom
 		return false, fmt.Errorf("failed to release a lease for %s: %w", c.dep, err)
 	}
 	return n == 1, nil
+}
+
+// Forget makes the lease member stop counting: the lease of an acquisition
+// whose reply was never read (its round trip timed out, its caller
+// cancelled, its connection broke). It works whether that acquisition
+// already ran or is still queued in Redis behind it: the member is written
+// with an expired score, and acquire adds members only when they are new
+// (ZADD NX), so a late acquisition cannot bring it back. Idempotent; the
+// expired member is swept like any other.
+func (c *Client) Forget(ctx context.Context, member string) error {
+	if member == "" {
+		return errors.New("lease member must not be empty")
+	}
+	if err := forgetScript.Run(ctx, c.rdb, c.renewKeys, member).Err(); err != nil {
+		return fmt.Errorf("failed to forget a lease for %s: %w", c.dep, err)
+	}
+	return nil
 }
 
 // BudgetDecision is the answer to "may this failed job retry now?".

@@ -54,11 +54,17 @@ const (
 	Failure Outcome = "f"
 	// Timeout is a call that did not finish in time.
 	Timeout Outcome = "t"
+	// Cancelled is a call that ended for a reason of the caller's own: its
+	// context was cancelled, the worker shut down, the guarded code
+	// panicked, or the lease was lost. It frees the slot and counts nothing
+	// against the dependency: not in the breaker window, not in the retry
+	// budget's calls. A cancelled HalfOpen probe gives its probe back.
+	Cancelled Outcome = "c"
 )
 
-// Valid reports whether o is one of the three outcomes.
+// Valid reports whether o is one of the four outcomes.
 func (o Outcome) Valid() bool {
-	return o == Success || o == Failure || o == Timeout
+	return o == Success || o == Failure || o == Timeout || o == Cancelled
 }
 
 // Dependency names one dependency: the namespace and name of its
@@ -155,6 +161,7 @@ var (
 	windowScript    = script("window")
 	publishScript   = script("publish")
 	supersedeScript = script("supersede")
+	forgetScript    = script("forget")
 	noopScript      = func() *redis.Script {
 		body, err := luaFS.ReadFile("lua/noop.lua")
 		if err != nil {
