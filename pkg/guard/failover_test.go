@@ -32,6 +32,11 @@ type failoverCounts struct {
 // to measure others than its 5 s.
 const failoverLeaseTTLEnv = "SPILLWAY_FAILOVER_LEASE_TTL"
 
+// failoverPauseEnv, when set to a duration, stops the replica (SIGSTOP) that
+// long before the master is killed and resumes it right after: a replica
+// that lags, to measure the over-admission of leases it never received.
+const failoverPauseEnv = "SPILLWAY_FAILOVER_PAUSE_REPLICA"
+
 // A fleet runs on a Sentinel-managed Redis when its master is killed with
 // SIGKILL. Every call returns within a bound, every refusal is a typed
 // *guard.Error, and the fleet is back at its limit within 10 s of the
@@ -156,13 +161,24 @@ func TestFleetSurvivesSentinelFailover(t *testing.T) {
 		}
 		return peak, reached
 	}
+	var err error
 	peakBefore, _ := sample(4*time.Second, func(time.Duration) bool { return false })
 	g.Expect(peakBefore).To(BeNumerically("==", limit), "before the failover the fleet runs at its limit")
 	admittedBefore, unavailableBefore := c.admitted.Load(), c.unavailable.Load()
 
+	var lag time.Duration
+	if v := os.Getenv(failoverPauseEnv); v != "" {
+		lag, err = time.ParseDuration(v)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s.Servers()[1].Pause()).To(Succeed())
+		time.Sleep(lag)
+	}
 	old, err := s.KillMaster(ctx)
 	g.Expect(err).NotTo(HaveOccurred())
 	killed := time.Now()
+	if lag > 0 {
+		g.Expect(s.Servers()[1].Resume()).To(Succeed())
+	}
 	var elected time.Time
 	var peakSwitch int64
 	electedCh := make(chan error, 1)
@@ -189,11 +205,11 @@ func TestFleetSurvivesSentinelFailover(t *testing.T) {
 	peakAfter, reached := sample(recoverWithin+3*time.Second, func(reached time.Duration) bool {
 		return reached >= 0 && time.Since(elected) > reached+3*time.Second
 	})
-	t.Logf("LeaseTTL %v: failover %v after SIGKILL; %d leases live on the new master at election; back at the limit %v after the election; "+
+	t.Logf("LeaseTTL %v, replica stopped %v before the kill: failover %v after SIGKILL; %d leases live on the new master at election; back at the limit %v after the election; "+
 		"calls in flight: peak %d before, %d during the switch, %d after (limit %d); "+
 		"answers: admitted %d, redis unavailable %d (%d before the kill), throttled %d, other typed %d, untyped %d; "+
 		"longest time a Do spent outside the call %v",
-		leaseTTL, elected.Sub(killed).Round(time.Millisecond), stale, reached.Round(time.Millisecond),
+		leaseTTL, lag, elected.Sub(killed).Round(time.Millisecond), stale, reached.Round(time.Millisecond),
 		peakBefore, peakSwitch, peakAfter, limit,
 		c.admitted.Load()-admittedBefore, c.unavailable.Load(), unavailableBefore, c.throttled.Load(), c.otherTyped.Load(), c.untyped.Load(),
 		time.Duration(c.maxGuard.Load()).Round(time.Millisecond))
