@@ -473,8 +473,12 @@ func mustDependency(t *testing.T) protocol.Dependency {
 func (r fleetResult) String() string {
 	var b strings.Builder
 	for i, p := range r.phases {
-		fmt.Fprintf(&b, "phase %d (limit %d): mean utilisation %.2f, peak %d, limit reached after %v; ",
-			i+1, p.limit, p.mean, p.peak, p.reached.Round(time.Millisecond))
+		reached := "never"
+		if p.reached >= 0 {
+			reached = "after " + p.reached.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(&b, "phase %d (limit %d): mean utilisation %.2f, peak %d, limit reached %s; ",
+			i+1, p.limit, p.mean, p.peak, reached)
 	}
 	s := r.stats
 	fmt.Fprintf(&b, "run peak %d, calls %d, over limit %d; admitted %d, throttled %d, redis unavailable %d, other %d, call errors %d; "+
