@@ -29,7 +29,7 @@ type failoverCounts struct {
 }
 
 // failoverLeaseTTLEnv sets the LeaseTTL of TestFleetSurvivesSentinelFailover,
-// to measure others than its 5 s.
+// to measure others than the default.
 const failoverLeaseTTLEnv = "SPILLWAY_FAILOVER_LEASE_TTL"
 
 // failoverPauseEnv, when set to a duration, stops the replica (SIGSTOP) that
@@ -44,10 +44,10 @@ const failoverPauseEnv = "SPILLWAY_FAILOVER_PAUSE_REPLICA"
 // during the switch (leases the replica had not received yet are lost) is
 // measured, and bounded by the limit itself.
 //
-// The guards run with a LeaseTTL of 5 s. Calls that end while there is no
-// master cannot release their leases, and the replica has them: the new
-// master counts them until they expire, so the fleet is back at its limit
-// only a LeaseTTL after the kill (with the default 30 s, not within 10 s).
+// The guards run on defaults. Calls that end while there is no master cannot
+// release their leases, and the replica has them: the fleet is back at its
+// limit soon after the election only because the guard forgets those leases
+// once Redis answers again, not a LeaseTTL (30 s) later.
 func TestFleetSurvivesSentinelFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for about 25 s")
@@ -57,7 +57,7 @@ func TestFleetSurvivesSentinelFailover(t *testing.T) {
 	const limit, guards, goroutines = 20, 4, 32
 	const minHold, maxHold = 10 * time.Millisecond, 3 * time.Second
 	const guardBound = 2 * time.Second
-	leaseTTL := 5 * time.Second
+	var leaseTTL time.Duration // the default
 	if v := os.Getenv(failoverLeaseTTLEnv); v != "" {
 		var err error
 		leaseTTL, err = time.ParseDuration(v)
@@ -209,7 +209,7 @@ func TestFleetSurvivesSentinelFailover(t *testing.T) {
 		"calls in flight: peak %d before, %d during the switch, %d after (limit %d); "+
 		"answers: admitted %d, redis unavailable %d (%d before the kill), throttled %d, other typed %d, untyped %d; "+
 		"longest time a Do spent outside the call %v",
-		leaseTTL, lag, elected.Sub(killed).Round(time.Millisecond), stale, reached.Round(time.Millisecond),
+		durationOr(leaseTTL, "30s (default)"), lag, elected.Sub(killed).Round(time.Millisecond), stale, reached.Round(time.Millisecond),
 		peakBefore, peakSwitch, peakAfter, limit,
 		c.admitted.Load()-admittedBefore, c.unavailable.Load(), unavailableBefore, c.throttled.Load(), c.otherTyped.Load(), c.untyped.Load(),
 		time.Duration(c.maxGuard.Load()).Round(time.Millisecond))
