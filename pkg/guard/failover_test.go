@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,7 +22,7 @@ import (
 
 // failoverCounts are the answers the fleet got, by what they were.
 type failoverCounts struct {
-	admitted, unavailable, throttled, otherTyped, untyped atomic.Int64
+	admitted, unavailable, throttled, leaseLost, otherTyped, untyped atomic.Int64
 	// maxGuard is the longest a Do spent outside the call itself, in ns.
 	maxGuard atomic.Int64
 	// example keeps one untyped error, for the failure message.
@@ -34,7 +35,16 @@ const failoverLeaseTTLEnv = "SPILLWAY_FAILOVER_LEASE_TTL"
 
 // failoverPauseEnv, when set to a duration, stops the replica (SIGSTOP) that
 // long before the master is killed and resumes it right after: a replica
-// that lags, to measure the over-admission of leases it never received.
+// that lags, to measure the over-admission of leases it never received. A
+// 32 MiB write goes first, so that the leases granted meanwhile wait in the
+// master's replication buffer, which dies with it, rather than in the
+// kernel's socket buffers, which the replica would still read.
+//
+// With failoverBurstEnv set too, the fleet starts only once the replica is
+// stopped, so every lease it takes is one the replica never receives: the
+// worst case, where the new master counts none of the calls in flight. Its
+// calls last 4 to 8 s, so that they outlive the switch.
+const failoverBurstEnv = "SPILLWAY_FAILOVER_BURST"
 const failoverPauseEnv = "SPILLWAY_FAILOVER_PAUSE_REPLICA"
 
 // A fleet runs on a Sentinel-managed Redis when its master is killed with
@@ -55,7 +65,7 @@ func TestFleetSurvivesSentinelFailover(t *testing.T) {
 	g := NewWithT(t)
 	// Calls last from 10 ms to 3 s, so that some outlive the ~2.5 s switch.
 	const limit, guards, goroutines = 20, 4, 32
-	const minHold, maxHold = 10 * time.Millisecond, 3 * time.Second
+	minHold, maxHold := 10*time.Millisecond, 3*time.Second
 	const guardBound = 2 * time.Second
 	var leaseTTL time.Duration // the default
 	if v := os.Getenv(failoverLeaseTTLEnv); v != "" {
@@ -84,16 +94,47 @@ func TestFleetSurvivesSentinelFailover(t *testing.T) {
 		}
 	}
 
+	var lag time.Duration
+	if v := os.Getenv(failoverPauseEnv); v != "" {
+		var err error
+		lag, err = time.ParseDuration(v)
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	burst := os.Getenv(failoverBurstEnv) != ""
+	if burst && lag <= 0 {
+		t.Fatalf("%s needs %s", failoverBurstEnv, failoverPauseEnv)
+	}
+	if burst {
+		minHold, maxHold = 4*time.Second, 8*time.Second
+	}
+	lagReplica := func() {
+		g.Expect(s.Servers()[1].Pause()).To(Succeed())
+		g.Expect(admin.Set(ctx, "filler", strings.Repeat("x", 32<<20), 0).Err()).To(Succeed())
+	}
+
 	var c failoverCounts
+	gate := make(chan struct{}) // closed when the fleet may start
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for range guards {
 		// One client and one guard per simulated worker process, each on
 		// defaults but for the context timeouts the guard requires.
 		rdb := s.Client(func(o *redis.FailoverOptions) { o.ContextTimeoutEnabled = true })
+		// Its pool is filled before the fleet starts, as a running worker's
+		// would be.
+		var warm sync.WaitGroup
+		for range goroutines {
+			warm.Go(func() { _ = rdb.Ping(ctx).Err() })
+		}
+		warm.Wait()
 		gd := newGuard(t, rdb, guard.Options{LeaseTTL: leaseTTL})
 		for range goroutines {
 			wg.Go(func() {
+				select {
+				case <-gate:
+				case <-stop:
+					return
+				}
 				for {
 					select {
 					case <-stop:
@@ -123,6 +164,8 @@ func TestFleetSurvivesSentinelFailover(t *testing.T) {
 						c.unavailable.Add(1)
 					case errors.Is(err, guard.ErrThrottled):
 						c.throttled.Add(1)
+					case errors.Is(err, guard.ErrLeaseLost):
+						c.leaseLost.Add(1)
 					default:
 						c.otherTyped.Add(1)
 					}
@@ -143,15 +186,21 @@ func TestFleetSurvivesSentinelFailover(t *testing.T) {
 
 	// sample returns the most calls in flight, sampled every millisecond,
 	// until d has passed or done says so, and when the limit was first seen.
+	var overLimit time.Duration // how long more calls than the limit were in flight
 	sample := func(d time.Duration, done func(reached time.Duration) bool) (peak int64, reached time.Duration) {
 		reached = -1
 		start := time.Now()
+		last := start
 		tick := time.NewTicker(time.Millisecond)
 		defer tick.Stop()
 		for now := range tick.C {
 			elapsed := now.Sub(start)
 			n := inflight.Load()
 			peak = max(peak, n)
+			if n > limit {
+				overLimit += now.Sub(last)
+			}
+			last = now
 			if n >= limit && reached < 0 {
 				reached = elapsed
 			}
@@ -161,18 +210,22 @@ func TestFleetSurvivesSentinelFailover(t *testing.T) {
 		}
 		return peak, reached
 	}
-	var err error
-	peakBefore, _ := sample(4*time.Second, func(time.Duration) bool { return false })
+	var peakBefore int64
+	if burst {
+		lagReplica()
+		close(gate)
+		peakBefore, _ = sample(lag, func(time.Duration) bool { return false })
+	} else {
+		close(gate)
+		peakBefore, _ = sample(4*time.Second, func(time.Duration) bool { return false })
+		if lag > 0 {
+			lagReplica()
+			time.Sleep(lag)
+		}
+	}
 	g.Expect(peakBefore).To(BeNumerically("==", limit), "before the failover the fleet runs at its limit")
 	admittedBefore, unavailableBefore := c.admitted.Load(), c.unavailable.Load()
 
-	var lag time.Duration
-	if v := os.Getenv(failoverPauseEnv); v != "" {
-		lag, err = time.ParseDuration(v)
-		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(s.Servers()[1].Pause()).To(Succeed())
-		time.Sleep(lag)
-	}
 	old, err := s.KillMaster(ctx)
 	g.Expect(err).NotTo(HaveOccurred())
 	killed := time.Now()
@@ -205,14 +258,18 @@ func TestFleetSurvivesSentinelFailover(t *testing.T) {
 	peakAfter, reached := sample(recoverWithin+3*time.Second, func(reached time.Duration) bool {
 		return reached >= 0 && time.Since(elected) > reached+3*time.Second
 	})
-	t.Logf("LeaseTTL %v, replica stopped %v before the kill: failover %v after SIGKILL; %d leases live on the new master at election; back at the limit %v after the election; "+
+	backAt := "never within " + (recoverWithin + 3*time.Second).String()
+	if reached >= 0 {
+		backAt = reached.Round(time.Millisecond).String()
+	}
+	t.Logf("LeaseTTL %v, replica stopped %v before the kill: failover %v after SIGKILL; %d leases live on the new master at election; back at the limit %s after the election; "+
 		"calls in flight: peak %d before, %d during the switch, %d after (limit %d); "+
-		"answers: admitted %d, redis unavailable %d (%d before the kill), throttled %d, other typed %d, untyped %d; "+
-		"longest time a Do spent outside the call %v",
-		durationOr(leaseTTL, "30s (default)"), lag, elected.Sub(killed).Round(time.Millisecond), stale, reached.Round(time.Millisecond),
+		"answers: admitted %d, redis unavailable %d (%d before the kill), throttled %d, lease lost %d, other typed %d, untyped %d; "+
+		"more than the limit in flight for %v; longest time a Do spent outside the call %v",
+		durationOr(leaseTTL, "30s (default)"), lag, elected.Sub(killed).Round(time.Millisecond), stale, backAt,
 		peakBefore, peakSwitch, peakAfter, limit,
-		c.admitted.Load()-admittedBefore, c.unavailable.Load(), unavailableBefore, c.throttled.Load(), c.otherTyped.Load(), c.untyped.Load(),
-		time.Duration(c.maxGuard.Load()).Round(time.Millisecond))
+		c.admitted.Load()-admittedBefore, c.unavailable.Load(), unavailableBefore, c.throttled.Load(), c.leaseLost.Load(), c.otherTyped.Load(), c.untyped.Load(),
+		overLimit.Round(time.Millisecond), time.Duration(c.maxGuard.Load()).Round(time.Millisecond))
 
 	g.Expect(c.untyped.Load()).To(BeZero(), "every refusal is a *guard.Error (first: %v)", c.example.Load())
 	g.Expect(c.unavailable.Load()).To(BeNumerically(">", unavailableBefore), "the switch shows as ErrRedisUnavailable")
