@@ -104,12 +104,12 @@ func TestAcquireThatTimedOutBehindASlowCommandLeavesNoGhost(t *testing.T) {
 				g.Expect(newGuard(t, rdb, guard.Options{}).Do(t.Context(), guard.Job{}, ok)).To(Succeed())
 			}
 
-			answered := stall(t, srv, 500*time.Millisecond)
+			answered := stall(t, srv, time.Second)
 			err := gd.Do(t.Context(), guard.Job{}, ok)
 			wantDecision(t, err, guard.ActionDefer, guard.ErrRedisUnavailable)
 			<-answered
 			took := admittedWithin(t, gd, 1, time.Now(), ghostBound)
-			t.Logf("slot free again %v after Redis answered (DEBUG SLEEP 500ms)", took.Round(time.Millisecond))
+			t.Logf("slot free again %v after Redis answered (DEBUG SLEEP 1s)", took.Round(time.Millisecond))
 			g.Expect(testutil.ToFloat64(counter(t, reg, "spillway_worker_unread_leases_total", "result", "queued"))).To(Equal(1.0))
 			g.Eventually(func() float64 {
 				return testutil.ToFloat64(counter(t, reg, "spillway_worker_unread_leases_total", "result", "forgotten"))
@@ -130,7 +130,7 @@ func TestAcquireCancelledWhileStalledLeavesNoGhost(t *testing.T) {
 	gd := newGuard(t, rdb, guard.Options{RedisTimeout: 300 * time.Millisecond, Registerer: reg})
 	g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed())
 
-	answered := stall(t, srv, 500*time.Millisecond)
+	answered := stall(t, srv, time.Second)
 	ctx, cancel := context.WithCancel(t.Context())
 	time.AfterFunc(20*time.Millisecond, cancel)
 	err := gd.Do(ctx, guard.Job{}, ok)
