@@ -67,13 +67,17 @@ type Options struct {
 	//
 	// An acquisition whose reply is not read (RedisTimeout passed, the
 	// caller cancelled, the connection broke) holds no slot for long: it
-	// carries a deadline in Redis time, past which Redis refuses it and
-	// writes nothing, and the guard hands its lease to a background
-	// forgetter that makes it stop counting. Such a lease holds its slot
-	// until Redis answers the forget: at most about 1s after Redis answers
-	// again (the forgetter retries every 500ms at most while Redis does
-	// not answer), and never longer than LeaseTTL. A release whose reply is
-	// not read is forgotten the same way.
+	// carries a deadline in Redis time (the guard's estimate of Redis's
+	// clock plus the round trip's timeout; before the first reply, the
+	// local wall clock plus the timeout plus 1s of tolerated skew), past
+	// which Redis refuses it and writes nothing, and the guard hands its
+	// lease to a background forgetter (Close stops it) that makes it stop
+	// counting. Such a lease holds its slot until Redis answers the forget:
+	// at most about 1s after Redis answers again (the forgetter retries
+	// every 500ms at most while Redis does not answer), and never longer
+	// than the lease TTL after its deadline. A release whose reply is not
+	// read is forgotten the same way. An admission that arrives after the
+	// caller cancelled is released at once.
 	RedisTimeout time.Duration
 	// MaxCallLifetime bounds how long a Permit renews its lease: a holder
 	// that never calls Done (a leaked Permit) keeps its slot at most
@@ -338,6 +342,14 @@ func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
 			return g.unavailable(ctx, job, err)
 		}
 		refusal := g.refusal(adm)
+		if ctx.Err() != nil && (refusal == nil || errors.Is(ctx.Err(), context.Canceled)) {
+			// The caller gave up while Redis answered (go-redis reads on
+			// until the deadline, not the cancel): a slot goes back at once.
+			if refusal == nil {
+				g.newPermit(ctx, job, adm, sent).abandon()
+			}
+			return nil, ctx.Err()
+		}
 		if refusal == nil {
 			g.metrics.slotWait.Observe(time.Since(start).Seconds())
 			return g.newPermit(ctx, job, adm, sent), nil
@@ -378,9 +390,9 @@ func (g *Guard) acquireOnce(ctx context.Context, args protocol.AcquireArgs) (pro
 		args.LeaseID = protocol.NewLeaseID() // never reuse an id that may be forgotten
 		sentAt := time.Now()
 		sent := g.clock.now()
-		if dl, ok := rctx.Deadline(); ok {
-			args.Deadline = g.clock.deadline(sent, time.Until(dl))
-		}
+		dl, _ := rctx.Deadline() // always set: redisContext has a timeout
+		var late time.Duration   // how long after sentAt Redis may still run it
+		args.Deadline, late = g.clock.deadline(sent, time.Until(dl))
 		adm, err := g.proto.Acquire(rctx, args)
 		cancel()
 		switch {
@@ -389,7 +401,8 @@ func (g *Guard) acquireOnce(ctx context.Context, args protocol.AcquireArgs) (pro
 		case errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed):
 			// The request never left the client.
 		case err != nil:
-			g.forget.add(unread{member: args.LeaseID, expires: sentAt.Add(args.TTL)})
+			// If it ran, it ran by its deadline: its lease ends a TTL later.
+			g.forget.add(unread{member: args.LeaseID, expires: sentAt.Add(late + args.TTL)})
 		case adm.Code == protocol.RefusedLate:
 			g.clock.reset(sent, adm.Now)
 			if !retried {
