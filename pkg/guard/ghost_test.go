@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -164,9 +163,11 @@ func TestAcquireCancelledWhileStalledLeavesNoGhost(t *testing.T) {
 // slowReplies is a TCP proxy in front of Redis that can hold Redis's replies
 // back while passing requests on at once: a worker whose replies arrive late
 // (a starved process, a slow network) although Redis ran its requests in time.
+// It can also lose requests, as a broken connection does.
 type slowReplies struct {
 	ln    net.Listener
 	delay atomic.Int64 // nanoseconds each reply chunk is held back
+	drop  atomic.Bool  // requests are discarded
 }
 
 func newSlowReplies(t *testing.T, target string) *slowReplies {
@@ -188,7 +189,22 @@ func newSlowReplies(t *testing.T, target string) *slowReplies {
 				_ = client.Close()
 				continue
 			}
-			go func() { _, _ = io.Copy(server, client); _ = server.Close() }()
+			go func() {
+				defer func() { _ = server.Close() }()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := client.Read(buf)
+					if err != nil {
+						return
+					}
+					if p.drop.Load() {
+						continue
+					}
+					if _, err := server.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+			}()
 			go func() {
 				defer func() { _ = client.Close() }()
 				buf := make([]byte, 64<<10)
@@ -328,4 +344,27 @@ func TestLateRefusalInTimeRetriesOnce(t *testing.T) {
 	g.Expect(late.Load()).To(BeTrue(), "the first acquisition was sent with a past deadline")
 	g.Expect(commandCalls(t, rdb)["evalsha"]).To(Equal(3), "refused as late, acquired again, released")
 	g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed(), "the slot was released")
+}
+
+// A release lost on the way to Redis leaves the lease held; the forgetter
+// frees it once requests get through again, not the lease TTL later.
+func TestReleaseThatNeverReachedRedisLeavesNoGhost(t *testing.T) {
+	g := NewWithT(t)
+	srv := redistest.Start(t)
+	direct := fastClient(srv)
+	publish(t, direct, defaultPublished(1))
+	proxy := newSlowReplies(t, srv.Addr())
+	viaProxy := redis.NewClient(&redis.Options{Addr: proxy.ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = viaProxy.Close() })
+	slow := newGuard(t, viaProxy, guard.Options{})
+
+	p, err := slow.Acquire(t.Context(), guard.Job{})
+	g.Expect(err).NotTo(HaveOccurred())
+	proxy.drop.Store(true)
+	g.Expect(p.Done(nil)).To(Succeed())
+	g.Expect(direct.ZCount(t.Context(), protocol.KeysFor(slow.Dependency()).Leases, "(0", "+inf").Val()).
+		To(Equal(int64(1)), "the release was lost: the lease is still held")
+	proxy.drop.Store(false)
+	took := admittedWithin(t, newGuard(t, direct, guard.Options{}), 1, time.Now(), ghostBound)
+	t.Logf("slot free again %v after requests got through again (release lost)", took.Round(time.Millisecond))
 }
