@@ -18,8 +18,8 @@ local p = int(now_s) .. ':'
 local fields = cache_fields('budget', names, {})
 for i = 1, #names do fields[#fields + 1] = p .. names[i] end
 local c = redis.call('HMGET', KEYS[2], unpack(fields))
-local t = closed_totals(KEYS[2], 'budget', names, window, now_s, c)
-local k = 2 + #names
+local t = closed_totals(KEYS[2], 'budget', names, now_s - window, now_s, c)
+local k = 4 + #names
 local calls = t[1] + t[2] + t[3] + (tonumber(c[k + 1]) or 0) + (tonumber(c[k + 2]) or 0) + (tonumber(c[k + 3]) or 0)
 local granted = t[4] + (tonumber(c[k + 4]) or 0)
 prune(KEYS[2], now_s, math.floor(tonumber(st[8]) or 3660))
@@ -28,6 +28,6 @@ local ratio_ppm = math.floor(tonumber(st[2]))
 local min_retries = math.floor(tonumber(st[3]))
 local allowed = granted * 1000000 < math.max(min_retries * 1000000, ratio_ppm * calls)
 if redis.call('HINCRBY', KEYS[2], p .. (allowed and 'g' or 'b'), 1) == 1 then
-  keep_stats(KEYS[2])
+  keep_stats(KEYS[2], now_s, true) -- pruned above
 end
 return {allowed and 1 or 0, tonumber(st[5]), tonumber(st[6]), st[7], calls, granted}

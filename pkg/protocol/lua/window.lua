@@ -9,19 +9,16 @@ local now_s = math.floor(now / 1000000)
 local length = math.floor(tonumber(ARGV[1]))
 local from_s = math.max(now_s - length, math.floor(tonumber(ARGV[2])))
 local names = suffixes()
-local totals
-if from_s > now_s - length then
-  -- The window starts after a transition: fewer seconds than length, summed.
-  totals = sum(KEYS[2], from_s, now_s, names)
-else
-  -- The cached totals of the closed seconds (lib.lua closed_totals) and the
-  -- current second, read in one HMGET.
-  local p = int(now_s) .. ':'
-  local fields = cache_fields('window', names, {})
-  for i = 1, #names do fields[#fields + 1] = p .. names[i] end
-  local c = redis.call('HMGET', KEYS[2], unpack(fields))
-  totals = closed_totals(KEYS[2], 'window', names, length, now_s, c)
-  local k = 2 + #names
+-- The cached totals of the closed seconds (lib.lua closed_totals) and the
+-- current second, read in one HMGET. After a transition from_s stays put
+-- while the window grows, and the cache moves forward all the same.
+local p = int(now_s) .. ':'
+local fields = cache_fields('window', names, {})
+for i = 1, #names do fields[#fields + 1] = p .. names[i] end
+local c = redis.call('HMGET', KEYS[2], unpack(fields))
+local totals = closed_totals(KEYS[2], 'window', names, from_s, now_s, c)
+if from_s < now_s then
+  local k = 4 + #names
   for i = 1, #names do totals[i] = totals[i] + (tonumber(c[k + i]) or 0) end
 end
 local retention = tonumber(redis.call('HGET', KEYS[1], 'stats_retention_s'))
