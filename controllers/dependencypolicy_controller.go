@@ -173,8 +173,12 @@ type DependencyPolicyReconciler struct {
 	scaleChecks sync.Map
 }
 
-// +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/status,verbs=get;update;patch
+// The controller patches policies (their finalizer) and their status, and
+// never updates either. The finalizers grant is kubebuilder's usual one, for
+// API servers that check it when an object names a policy as its owner.
+//
+// +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/status,verbs=patch
 // +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/finalizers,verbs=update
 // +kubebuilder:rbac:groups=keda.sh,resources=scaledobjects,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=apps,resources=deployments/scale;statefulsets/scale,verbs=get
