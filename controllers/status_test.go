@@ -107,6 +107,7 @@ func TestInvalidSpecStallsInASafeState(t *testing.T) {
 		return getPolicy(g, ns, "legacy").Status.State
 	}).Should(Equal(spillwayv1alpha1.StateClosed))
 	g.Expect(w.admitted(g)).To(BeTrue())
+	g.Eventually(eventReasons(ns, "legacy")).Should(ContainElements(ReasonInvalidSpec, EventSafeState))
 
 	pol = getPolicy(g, ns, "legacy")
 	patch = client.MergeFrom(pol.DeepCopy())
