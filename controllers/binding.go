@@ -52,9 +52,14 @@ type binding struct {
 	Apply bool
 	// DropLegacy is whether MetadataFieldOwner's entry, left in
 	// managedFields by a controller version that wrote the annotations with
-	// a merge patch, must go first: an annotation it owns would survive
-	// FieldManager's apply leaving it out.
+	// a merge patch, must go first, so that FieldManager's apply takes the
+	// annotations.
 	DropLegacy bool
+	// Remove are Spillway's annotations that must go but that FieldManager's
+	// apply cannot remove, because it does not own them (a field an applier
+	// leaves out is removed only if it applied it before). They are removed
+	// by a merge patch before the apply, with DropLegacy.
+	Remove []string
 }
 
 // planBinding decides how policyName bounds so to bound. While pinning, the
@@ -92,11 +97,16 @@ func planBinding(policyName string, so *kedav1alpha1.ScaledObject, bound int32, 
 	if b.Pinned != nil {
 		b.Annotations[AnnotationPinnedMinReplicas] = strconv.Itoa(int(*b.Pinned))
 	}
+	for _, k := range spillwayAnnotations {
+		if _, present := ann[k]; present && b.Annotations[k] == "" && !own.Annotations[k] {
+			b.Remove = append(b.Remove, k)
+		}
+	}
 	b.Apply = !b.Live.Equal(b.Desired) ||
 		own.Min != (b.Desired.Min != nil) || own.Max != (b.Desired.Max != nil) ||
 		!maps.Equal(own.Annotations, keysOf(b.Annotations)) ||
 		!annotationsMatch(ann, b.Annotations) ||
-		b.DropLegacy
+		b.DropLegacy || len(b.Remove) > 0
 	return b
 }
 
@@ -219,17 +229,33 @@ func letGoPatch(rv string, entries []metav1.ManagedFieldsEntry) ([]byte, error) 
 	return data, nil
 }
 
-// dropLegacyPatch is the merge patch that removes MetadataFieldOwner's entry
-// (see binding.DropLegacy) from a ScaledObject at resourceVersion rv, and
-// changes nothing else.
-func dropLegacyPatch(rv string, entries []metav1.ManagedFieldsEntry) ([]byte, error) {
-	kept := make([]metav1.ManagedFieldsEntry, 0, len(entries))
-	for _, e := range entries {
-		if e.Manager != MetadataFieldOwner {
-			kept = append(kept, e)
-		}
+// cleanupPatch is the merge patch that, before FieldManager's apply, removes
+// the annotations b.Remove names and, with b.DropLegacy, MetadataFieldOwner's
+// entry from a ScaledObject at resourceVersion rv whose managedFields are
+// entries. It changes nothing else, so MetadataFieldOwner owns nothing after
+// it; nil when there is nothing to do.
+func cleanupPatch(b binding, rv string, entries []metav1.ManagedFieldsEntry) ([]byte, error) {
+	if !b.DropLegacy && len(b.Remove) == 0 {
+		return nil, nil
 	}
-	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": rv, "managedFields": nonEmpty(kept)}})
+	metadata := map[string]any{"resourceVersion": rv}
+	if len(b.Remove) > 0 {
+		annotations := map[string]any{}
+		for _, k := range b.Remove {
+			annotations[k] = nil
+		}
+		metadata["annotations"] = annotations
+	}
+	if b.DropLegacy {
+		kept := make([]metav1.ManagedFieldsEntry, 0, len(entries))
+		for _, e := range entries {
+			if e.Manager != MetadataFieldOwner {
+				kept = append(kept, e)
+			}
+		}
+		metadata["managedFields"] = nonEmpty(kept)
+	}
+	data, err := json.Marshal(map[string]any{"metadata": metadata})
 	if err != nil {
 		return nil, fmt.Errorf("failed to build the managedFields patch: %w", err)
 	}

@@ -146,6 +146,7 @@ func TestPlanBinding(t *testing.T) {
 		wantApply   bool
 		wantAdopted string
 		wantLegacy  bool
+		wantRemove  []string
 	}{
 		{
 			name:        "first bind records the user's replicas and the owner",
@@ -178,6 +179,16 @@ func TestPlanBinding(t *testing.T) {
 			wantAnn:     bound,
 			wantApply:   true,
 			wantLegacy:  true,
+		},
+		{
+			name:        "outage over, the pin annotation owned by the legacy metadata manager: removed by patch",
+			so:          scaledObject(i(7), i(20), withPin, userPinned, ours("minReplicaCount", "maxReplicaCount"), managedBy(MetadataFieldOwner, metav1.ManagedFieldsOperationUpdate, "ann:"+AnnotationOwner, "ann:"+AnnotationOriginalReplicas, "ann:"+AnnotationPinnedMinReplicas)),
+			wantDesired: Replicas{Min: i(2), Max: i(20)},
+			wantUser:    Replicas{Min: i(2), Max: i(80)},
+			wantAnn:     bound,
+			wantApply:   true,
+			wantLegacy:  true,
+			wantRemove:  []string{AnnotationPinnedMinReplicas},
 		},
 		{
 			name:        "the user changed max: it becomes the user's",
@@ -259,6 +270,7 @@ func TestPlanBinding(t *testing.T) {
 			g.Expect(b.Apply).To(Equal(tt.wantApply))
 			g.Expect(b.Adopted).To(Equal(tt.wantAdopted))
 			g.Expect(b.DropLegacy).To(Equal(tt.wantLegacy))
+			g.Expect(b.Remove).To(Equal(tt.wantRemove))
 		})
 	}
 }
@@ -320,6 +332,37 @@ func TestLetGoPatch(t *testing.T) {
 	data, err = letGoPatch("7", []metav1.ManagedFieldsEntry{creator})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(string(data)).NotTo(ContainSubstring("managedFields"))
+}
+
+func TestCleanupPatch(t *testing.T) {
+	g := NewWithT(t)
+	creator := managedBy("kubectl", metav1.ManagedFieldsOperationUpdate, "scaleTargetRef")
+	legacy := managedBy(MetadataFieldOwner, metav1.ManagedFieldsOperationUpdate, "ann:"+AnnotationPinnedMinReplicas)
+	entries := []metav1.ManagedFieldsEntry{creator, legacy}
+
+	data, err := cleanupPatch(binding{}, "7", entries)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(data).To(BeNil(), "nothing to do")
+
+	data, err = cleanupPatch(binding{DropLegacy: true, Remove: []string{AnnotationPinnedMinReplicas}}, "7", entries)
+	g.Expect(err).NotTo(HaveOccurred())
+	var patch struct {
+		Metadata struct {
+			ResourceVersion string                      `json:"resourceVersion"`
+			Annotations     map[string]*string          `json:"annotations"`
+			ManagedFields   []metav1.ManagedFieldsEntry `json:"managedFields"`
+		} `json:"metadata"`
+		Spec map[string]any `json:"spec"`
+	}
+	g.Expect(json.Unmarshal(data, &patch)).To(Succeed())
+	g.Expect(patch.Metadata.ResourceVersion).To(Equal("7"))
+	g.Expect(patch.Metadata.Annotations).To(Equal(map[string]*string{AnnotationPinnedMinReplicas: nil}))
+	g.Expect(patch.Metadata.ManagedFields).To(ConsistOf(creator))
+	g.Expect(patch.Spec).To(BeNil())
+
+	data, err = cleanupPatch(binding{Remove: []string{AnnotationPinnedMinReplicas}}, "7", entries)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(data)).NotTo(ContainSubstring("managedFields"), "the entries stay without DropLegacy")
 }
 
 func TestOwnershipOf(t *testing.T) {

@@ -50,27 +50,41 @@ func (r *DependencyPolicyReconciler) reconcileConsumers(ctx context.Context, pol
 }
 
 // bindConsumer bounds one ScaledObject: it records the user's replicas and
-// the owner first, pins the minimum during an outage, and server-side applies
-// min and max under FieldManager.
+// the owner, pins the minimum during an outage and bounds the maximum, in one
+// server-side apply under FieldManager. It plans from the cache; when the
+// ScaledObject changed since (the cache lags, or the user just wrote), the
+// apply is refused and bindConsumer plans once more from the API server.
 func (r *DependencyPolicyReconciler) bindConsumer(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, name string, bound int32, pinning bool) consumerResult {
+	res, conflict := r.bindFrom(ctx, r.Client, pol, name, bound, pinning)
+	if conflict {
+		ctrl.LoggerFrom(ctx).V(1).Info("A ScaledObject changed since the cache read it: reading it again", "scaledObject", klog.KRef(pol.Namespace, name))
+		res, _ = r.bindFrom(ctx, r.APIReader, pol, name, bound, pinning)
+	}
+	return res
+}
+
+// bindFrom is bindConsumer with the ScaledObject read from reader. It
+// reports whether the apply was refused because the ScaledObject changed
+// since it was read.
+func (r *DependencyPolicyReconciler) bindFrom(ctx context.Context, reader client.Reader, pol *spillwayv1alpha1.DependencyPolicy, name string, bound int32, pinning bool) (consumerResult, bool) {
 	log := ctrl.LoggerFrom(ctx)
 	so := &kedav1alpha1.ScaledObject{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: pol.Namespace, Name: name}, so); err != nil {
+	if err := reader.Get(ctx, types.NamespacedName{Namespace: pol.Namespace, Name: name}, so); err != nil {
 		if apierrors.IsNotFound(err) {
-			return consumerResult{Reason: ReasonScaledObjectNotFound, Message: fmt.Sprintf("ScaledObject not found in namespace %s", pol.Namespace)}
+			return consumerResult{Reason: ReasonScaledObjectNotFound, Message: fmt.Sprintf("ScaledObject not found in namespace %s", pol.Namespace)}, false
 		}
-		return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to read the ScaledObject: %v", err)}
+		return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to read the ScaledObject: %v", err)}, false
 	}
 	if !so.DeletionTimestamp.IsZero() {
-		return consumerResult{Reason: ReasonScaledObjectNotFound, Message: "the ScaledObject is being deleted"}
+		return consumerResult{Reason: ReasonScaledObjectNotFound, Message: "the ScaledObject is being deleted"}, false
 	}
 	if owner := so.Annotations[AnnotationOwner]; owner != "" && owner != pol.Name {
 		claimed, err := r.claimedBy(ctx, pol.Namespace, owner, name)
 		if err != nil {
-			return consumerResult{Reason: ReasonAPIError, Message: err.Error()}
+			return consumerResult{Reason: ReasonAPIError, Message: err.Error()}, false
 		}
 		if claimed {
-			return consumerResult{Reason: ReasonConflict, Message: fmt.Sprintf("already bounded by DependencyPolicy %s", owner)}
+			return consumerResult{Reason: ReasonConflict, Message: fmt.Sprintf("already bounded by DependencyPolicy %s", owner)}, false
 		}
 		log.Info("Taking over a ScaledObject whose owner no longer names it", "scaledObject", klog.KObj(so), "previousOwner", owner)
 	}
@@ -95,9 +109,9 @@ func (r *DependencyPolicyReconciler) bindConsumer(ctx context.Context, pol *spil
 	if b.Apply {
 		if err := r.applyBinding(ctx, so, b); err != nil {
 			if apierrors.IsConflict(err) {
-				return consumerResult{Reason: ReasonAPIError, Message: "the ScaledObject changed since it was read; it is read again"}
+				return consumerResult{Reason: ReasonAPIError, Message: "the ScaledObject changed since it was read; it is read again"}, true
 			}
-			return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to apply replicas: %v", err)}
+			return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to apply replicas: %v", err)}, false
 		}
 		if !b.Live.Equal(b.Desired) {
 			msg := fmt.Sprintf("ScaledObject %s: replicas %s -> %s (bound %d)", so.Name, b.Live, b.Desired, bound)
@@ -109,28 +123,28 @@ func (r *DependencyPolicyReconciler) bindConsumer(ctx context.Context, pol *spil
 		}
 	}
 	if failed != nil {
-		return *failed
+		return *failed, false
 	}
-	return consumerResult{Message: b.Desired.String()}
+	return consumerResult{Message: b.Desired.String()}, false
 }
 
 // applyBinding server-side applies b under FieldManager: min and max as
 // b.Desired sets them (a field that goes back to unset is removed) and the
 // annotations, in one request that fails if so changed since it was read. A
 // user's change made meanwhile is therefore never overwritten unrecorded: it
-// is read, and recorded, on the next try. MetadataFieldOwner's legacy entry is
-// dropped first, from the same resourceVersion.
+// is read, and recorded, on the next try. What the apply cannot remove (see
+// cleanupPatch) goes first, from the same resourceVersion.
 func (r *DependencyPolicyReconciler) applyBinding(ctx context.Context, so *kedav1alpha1.ScaledObject, b binding) error {
-	if b.DropLegacy {
-		data, err := dropLegacyPatch(so.ResourceVersion, so.ManagedFields)
-		if err != nil {
-			return err
-		}
+	data, err := cleanupPatch(b, so.ResourceVersion, so.ManagedFields)
+	if err != nil {
+		return err
+	}
+	if data != nil {
 		if err := r.Client.Patch(ctx, so, client.RawPatch(types.MergePatchType, data), client.FieldOwner(MetadataFieldOwner)); err != nil {
-			return fmt.Errorf("failed to drop the legacy field manager: %w", err)
+			return fmt.Errorf("failed to remove annotations the apply cannot: %w", err)
 		}
 	}
-	_, err := r.apply(ctx, so, b.Desired, b.Annotations)
+	_, err = r.apply(ctx, so, b.Desired, b.Annotations)
 	return err
 }
 

@@ -264,7 +264,8 @@ func TestGitOpsApplyOfTheBoundIsTheUsers(t *testing.T) {
 // TestBindFromAStaleReadOverwritesNoEdit: the reconciler plans from a cached
 // ScaledObject that predates the user's forced apply of max 60. Its apply is
 // refused (the object changed since the read) instead of overwriting 60
-// unrecorded; the next bind, from a fresh read, records 60 as the user's.
+// unrecorded, and the bind is planned again from the API server: 60 is
+// recorded as the user's and bounded.
 func TestBindFromAStaleReadOverwritesNoEdit(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
@@ -285,16 +286,64 @@ func TestBindFromAStaleReadOverwritesNoEdit(t *testing.T) {
 	stale.gets["render"] = getScaledObject(g, ns, "render")
 	g.Expect(gitopsApply(ns, "render", ptr.To[int32](2), ptr.To[int32](60), true)).To(Succeed())
 
-	// The capacity halves: the bound is 10 now, planned from the stale read.
-	res = r.bindConsumer(ctx, pol, "render", 10, false)
-	g.Expect(res.Reason).To(Equal(ReasonAPIError), "a bind from a stale read is refused")
-	g.Expect(replicasOf(ns, "render")(g)).To(Equal("min=2 max=60"), "the user's edit is not overwritten")
-
-	// The cache catches up.
-	delete(stale.gets, "render")
+	// The capacity halves: the bound is 10 now, planned first from the stale
+	// read.
 	res = r.bindConsumer(ctx, pol, "render", 10, false)
 	g.Expect(res.Reason).To(BeEmpty(), res.Message)
 	so := getScaledObject(g, ns, "render")
-	g.Expect(so.Annotations).To(HaveKeyWithValue(AnnotationOriginalReplicas, `{"min":2,"max":60}`))
+	g.Expect(so.Annotations).To(HaveKeyWithValue(AnnotationOriginalReplicas, `{"min":2,"max":60}`), "the user's edit is recorded, not overwritten")
 	g.Expect(Replicas{Min: so.Spec.MinReplicaCount, Max: so.Spec.MaxReplicaCount}.String()).To(Equal("min=2 max=10"))
+
+	// A reader that stays stale: the bind is refused, nothing is written.
+	stale.gets["render"] = so.DeepCopy()
+	g.Expect(gitopsApply(ns, "render", ptr.To[int32](2), ptr.To[int32](50), true)).To(Succeed())
+	r.APIReader = stale
+	res = r.bindConsumer(ctx, pol, "render", 5, false)
+	g.Expect(res.Reason).To(Equal(ReasonAPIError), "a bind from a stale read is refused")
+	g.Expect(replicasOf(ns, "render")(g)).To(Equal("min=2 max=50"), "the user's edit is not overwritten")
+}
+
+// TestLegacyMetadataOwnerIsDropped: a ScaledObject bound by an earlier
+// version, whose annotations spillway-controller-metadata wrote with a merge
+// patch, is taken over: that entry is dropped, so the pin annotation, which
+// spillway-controller's apply leaves out when the outage is over, is removed
+// rather than kept by the old owner.
+func TestLegacyMetadataOwnerIsDropped(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	createDeployment(t, ns, "render", 4)
+	g.Expect(gitopsApply(ns, "render", ptr.To[int32](2), ptr.To[int32](80), false)).To(Succeed())
+
+	// What the earlier version left during an outage.
+	so := getScaledObject(g, ns, "render")
+	patch := client.MergeFrom(so.DeepCopy())
+	so.Annotations = map[string]string{AnnotationOwner: "template-api", AnnotationOriginalReplicas: `{"min":2,"max":80}`, AnnotationPinnedMinReplicas: "3"}
+	g.Expect(env.Client.Patch(ctx, so, patch, client.FieldOwner(MetadataFieldOwner))).To(Succeed())
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": kedav1alpha1.GroupVersion.String(), "kind": "ScaledObject",
+		"metadata": map[string]any{"name": "render", "namespace": ns},
+		"spec":     map[string]any{"minReplicaCount": int64(3), "maxReplicaCount": int64(40)},
+	}}
+	g.Expect(env.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldManager), client.ForceOwnership)).To(Succeed())
+	g.Expect(managers(getScaledObject(g, ns, "render"))).To(ContainElement(MetadataFieldOwner))
+
+	// The outage is over.
+	pol := &spillwayv1alpha1.DependencyPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "template-api"}}
+	r := &DependencyPolicyReconciler{Client: env.Client, APIReader: env.Client, Recorder: events.NewFakeRecorder(100), Clock: clock.RealClock{}}
+	res := r.bindConsumer(ctx, pol, "render", 40, false)
+	g.Expect(res.Reason).To(BeEmpty(), res.Message)
+	so = getScaledObject(g, ns, "render")
+	g.Expect(Replicas{Min: so.Spec.MinReplicaCount, Max: so.Spec.MaxReplicaCount}.String()).To(Equal("min=2 max=40"))
+	g.Expect(so.Annotations).NotTo(HaveKey(AnnotationPinnedMinReplicas))
+	g.Expect(so.Annotations).To(HaveKeyWithValue(AnnotationOriginalReplicas, `{"min":2,"max":80}`))
+	g.Expect(managers(so)).NotTo(ContainElement(MetadataFieldOwner))
+
+	// And letting go, on delete, leaves nothing of Spillway's. (The field
+	// index of the owner annotation needs a cache: the List is empty here.)
+	r.Client = &staleClient{Client: env.Client, lists: &kedav1alpha1.ScaledObjectList{}}
+	pol.Spec.Consumers = []spillwayv1alpha1.Consumer{{ScaledObjectName: "render"}}
+	g.Expect(r.releaseAll(ctx, pol, nil)).To(Succeed())
+	expectLetGo(g, ns, "render", "min=2 max=80")
 }
