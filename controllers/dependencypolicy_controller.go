@@ -59,11 +59,13 @@ const (
 	// user's replicas back.
 	Finalizer = "spillway.dev/finalizer"
 	// FieldManager is the server-side apply field manager that owns a bounded
-	// ScaledObject's spec.minReplicaCount and spec.maxReplicaCount, and
-	// nothing else. GitOps tools can be told to ignore exactly its fields.
+	// ScaledObject's spec.minReplicaCount and spec.maxReplicaCount and
+	// Spillway's annotations, and nothing else. GitOps tools can be told to
+	// ignore exactly its fields.
 	FieldManager = "spillway-controller"
-	// MetadataFieldOwner is the field owner of the controller's plain patches
-	// of ScaledObjects: its annotations, and putting back the user's replicas.
+	// MetadataFieldOwner is the field owner of the merge patch that lets go
+	// of a ScaledObject: it removes the annotations and Spillway's
+	// managedFields entries, and so owns nothing afterwards.
 	MetadataFieldOwner = "spillway-controller-metadata"
 
 	// AnnotationOwner, on a ScaledObject, names the DependencyPolicy (in the
@@ -164,6 +166,10 @@ func (o Options) withDefaults() Options {
 type DependencyPolicyReconciler struct {
 	// Client reads from the manager's cache and writes to the API server.
 	Client client.Client
+	// APIReader reads from the API server, bypassing the cache: what a
+	// deleted policy lets go of must not depend on the cache having caught
+	// up. Default: the manager's.
+	APIReader client.Reader
 	// Redis is where limits are published and outcomes read.
 	Redis redis.UniversalClient
 	// Recorder emits Events. Default: the manager's, as ControllerName.
@@ -212,6 +218,9 @@ func (r *DependencyPolicyReconciler) SetupWithManager(ctx context.Context, mgr c
 	}
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
 	}
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder(ControllerName)

@@ -60,8 +60,8 @@ func TestOutageRecoveryAndRelease(t *testing.T) {
 	g.Expect(render.Annotations).To(HaveKeyWithValue(AnnotationOriginalReplicas, `{"min":2,"max":80}`))
 	g.Expect(render.Annotations).To(HaveKeyWithValue(AnnotationOwner, "template-api"))
 	g.Expect(getScaledObject(g, ns, "thumbs").Annotations).To(HaveKeyWithValue(AnnotationOriginalReplicas, `{"min":null,"max":10}`))
-	g.Expect(fieldsOf(render, FieldManager)).To(MatchJSON(`{"f:spec":{"f:maxReplicaCount":{},"f:minReplicaCount":{}}}`),
-		"the field manager owns min and max and nothing else")
+	g.Expect(fieldsOf(render, FieldManager)).To(MatchJSON(`{"f:metadata":{"f:annotations":{"f:spillway.dev/original-replicas":{},"f:spillway.dev/owner":{}}},"f:spec":{"f:maxReplicaCount":{},"f:minReplicaCount":{}}}`),
+		"the field manager owns min, max and its annotations, and nothing else")
 
 	// Failures through Acquire and Release open the breaker within two
 	// evaluation intervals.
