@@ -440,13 +440,28 @@ func (r *DependencyPolicyReconciler) releaseFleet(ctx context.Context, pol *spil
 	if err != nil {
 		return err
 	}
+	// An evaluation still in flight may publish between the read and the
+	// write, and the sequence fence then refuses the release: read again and
+	// retry, a few times, before reporting it (the caller retries with
+	// backoff).
+	for attempt := 1; ; attempt++ {
+		err := r.publishRelease(ctx, pc, params, paramsErr)
+		if err == nil || attempt == 3 || !(errors.Is(err, protocol.ErrStaleSequence) || errors.Is(err, protocol.ErrStaleEpoch)) {
+			return err
+		}
+	}
+}
+
+// publishRelease reads the state with Redis's time and publishes it Closed at
+// full capacity, fenced by the sequence it read.
+func (r *DependencyPolicyReconciler) publishRelease(ctx context.Context, pc *protocol.Client, params policy.Params, paramsErr error) error {
 	rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
 	defer cancel()
-	prev, found, err := pc.ReadPublished(rctx)
+	prev, found, now, err := pc.ReadPublishedAt(rctx)
 	if err != nil {
 		return err
 	}
-	next, err := releasedState(params, paramsErr, prev, found, r.Clock.Now())
+	next, err := releasedState(params, paramsErr, prev, found, now)
 	if err != nil {
 		return err
 	}
