@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
@@ -92,13 +93,23 @@ func TestReplicasAnnotationKeepsUnsetDistinct(t *testing.T) {
 	g.Expect(err).To(HaveOccurred())
 }
 
-// managedBy is a managedFields entry of manager owning the replica fields.
+// managedBy is a managedFields entry of manager owning the replica fields
+// named and the annotations named "ann:<key>".
 func managedBy(manager string, op metav1.ManagedFieldsOperationType, fields ...string) metav1.ManagedFieldsEntry {
 	spec := map[string]any{}
+	ann := map[string]any{}
 	for _, f := range fields {
+		if k, ok := strings.CutPrefix(f, "ann:"); ok {
+			ann["f:"+k] = map[string]any{}
+			continue
+		}
 		spec["f:"+f] = map[string]any{}
 	}
-	raw, _ := json.Marshal(map[string]any{"f:spec": spec})
+	set := map[string]any{"f:spec": spec}
+	if len(ann) > 0 {
+		set["f:metadata"] = map[string]any{"f:annotations": ann}
+	}
+	raw, _ := json.Marshal(set)
 	return metav1.ManagedFieldsEntry{Manager: manager, Operation: op, APIVersion: "keda.sh/v1alpha1", FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: raw}}
 }
 
@@ -111,10 +122,17 @@ func scaledObject(min, max *int32, ann map[string]string, managed ...metav1.Mana
 
 func TestPlanBinding(t *testing.T) {
 	i := ptr.To[int32]
+	// The user's manager owns both fields before the first bind; Spillway's
+	// forced apply of a lower max takes max from it (min, unchanged, is
+	// shared), and the pin takes min too.
 	user := managedBy("kubectl", metav1.ManagedFieldsOperationUpdate, "minReplicaCount", "maxReplicaCount")
+	userBound := managedBy("kubectl", metav1.ManagedFieldsOperationUpdate, "minReplicaCount")
+	userPinned := managedBy("kubectl", metav1.ManagedFieldsOperationUpdate, "scaleTargetRef")
 	ours := func(fields ...string) metav1.ManagedFieldsEntry {
 		return managedBy(FieldManager, metav1.ManagedFieldsOperationApply, fields...)
 	}
+	oursBound := ours("minReplicaCount", "maxReplicaCount", "ann:"+AnnotationOwner, "ann:"+AnnotationOriginalReplicas)
+	oursPinned := ours("minReplicaCount", "maxReplicaCount", "ann:"+AnnotationOwner, "ann:"+AnnotationOriginalReplicas, "ann:"+AnnotationPinnedMinReplicas)
 	bound := map[string]string{AnnotationOwner: "dep", AnnotationOriginalReplicas: `{"min":2,"max":80}`}
 	withPin := map[string]string{AnnotationOwner: "dep", AnnotationOriginalReplicas: `{"min":2,"max":80}`, AnnotationPinnedMinReplicas: "7"}
 	tests := []struct {
@@ -124,16 +142,18 @@ func TestPlanBinding(t *testing.T) {
 		scaled      *int32
 		wantDesired Replicas
 		wantUser    Replicas
-		wantAnn     map[string]*string
+		wantAnn     map[string]string
 		wantApply   bool
 		wantAdopted string
+		wantLegacy  bool
+		wantRemove  []string
 	}{
 		{
 			name:        "first bind records the user's replicas and the owner",
 			so:          scaledObject(i(2), i(80), nil, user),
 			wantDesired: Replicas{Min: i(2), Max: i(20)},
 			wantUser:    Replicas{Min: i(2), Max: i(80)},
-			wantAnn:     map[string]*string{AnnotationOwner: ptr.To("dep"), AnnotationOriginalReplicas: ptr.To(`{"min":2,"max":80}`)},
+			wantAnn:     bound,
 			wantApply:   true,
 		},
 		{
@@ -141,59 +161,102 @@ func TestPlanBinding(t *testing.T) {
 			so:          scaledObject(nil, nil, nil),
 			wantDesired: Replicas{Max: i(20)},
 			wantUser:    Replicas{},
-			wantAnn:     map[string]*string{AnnotationOwner: ptr.To("dep"), AnnotationOriginalReplicas: ptr.To(`{"min":null,"max":null}`)},
+			wantAnn:     map[string]string{AnnotationOwner: "dep", AnnotationOriginalReplicas: `{"min":null,"max":null}`},
 			wantApply:   true,
 		},
 		{
 			name:        "bound and owned: nothing to do",
-			so:          scaledObject(i(2), i(20), bound, user, ours("minReplicaCount", "maxReplicaCount")),
+			so:          scaledObject(i(2), i(20), bound, userBound, oursBound),
 			wantDesired: Replicas{Min: i(2), Max: i(20)},
 			wantUser:    Replicas{Min: i(2), Max: i(80)},
-			wantAnn:     map[string]*string{},
+			wantAnn:     bound,
+		},
+		{
+			name:        "bound, the annotations owned by the legacy metadata manager: dropped and applied",
+			so:          scaledObject(i(2), i(20), bound, userBound, ours("minReplicaCount", "maxReplicaCount"), managedBy(MetadataFieldOwner, metav1.ManagedFieldsOperationUpdate, "ann:"+AnnotationOwner, "ann:"+AnnotationOriginalReplicas)),
+			wantDesired: Replicas{Min: i(2), Max: i(20)},
+			wantUser:    Replicas{Min: i(2), Max: i(80)},
+			wantAnn:     bound,
+			wantApply:   true,
+			wantLegacy:  true,
+		},
+		{
+			name:        "outage over, the pin annotation owned by the legacy metadata manager: removed by patch",
+			so:          scaledObject(i(7), i(20), withPin, userPinned, ours("minReplicaCount", "maxReplicaCount"), managedBy(MetadataFieldOwner, metav1.ManagedFieldsOperationUpdate, "ann:"+AnnotationOwner, "ann:"+AnnotationOriginalReplicas, "ann:"+AnnotationPinnedMinReplicas)),
+			wantDesired: Replicas{Min: i(2), Max: i(20)},
+			wantUser:    Replicas{Min: i(2), Max: i(80)},
+			wantAnn:     bound,
+			wantApply:   true,
+			wantLegacy:  true,
+			wantRemove:  []string{AnnotationPinnedMinReplicas},
 		},
 		{
 			name:        "the user changed max: it becomes the user's",
-			so:          scaledObject(i(2), i(60), bound, managedBy("kubectl", metav1.ManagedFieldsOperationUpdate, "maxReplicaCount"), ours("minReplicaCount")),
+			so:          scaledObject(i(2), i(60), bound, managedBy("kubectl", metav1.ManagedFieldsOperationUpdate, "maxReplicaCount"), ours("minReplicaCount", "ann:"+AnnotationOwner, "ann:"+AnnotationOriginalReplicas)),
 			wantDesired: Replicas{Min: i(2), Max: i(20)},
 			wantUser:    Replicas{Min: i(2), Max: i(60)},
-			wantAnn:     map[string]*string{AnnotationOriginalReplicas: ptr.To(`{"min":2,"max":60}`)},
+			wantAnn:     map[string]string{AnnotationOwner: "dep", AnnotationOriginalReplicas: `{"min":2,"max":60}`},
 			wantApply:   true,
 			wantAdopted: "maxReplicaCount",
 		},
 		{
+			name:        "the user applied the bound as max: co-owned, it becomes the user's",
+			so:          scaledObject(i(2), i(20), bound, managedBy("argocd", metav1.ManagedFieldsOperationApply, "minReplicaCount", "maxReplicaCount"), oursBound),
+			wantDesired: Replicas{Min: i(2), Max: i(20)},
+			wantUser:    Replicas{Min: i(2), Max: i(20)},
+			wantAnn:     map[string]string{AnnotationOwner: "dep", AnnotationOriginalReplicas: `{"min":2,"max":20}`},
+			wantApply:   true,
+			wantAdopted: "maxReplicaCount",
+		},
+		{
+			name:        "a co-owned min at the recorded value: nothing to adopt",
+			so:          scaledObject(i(2), i(20), bound, managedBy("argocd", metav1.ManagedFieldsOperationApply, "minReplicaCount"), oursBound),
+			wantDesired: Replicas{Min: i(2), Max: i(20)},
+			wantUser:    Replicas{Min: i(2), Max: i(80)},
+			wantAnn:     bound,
+		},
+		{
+			name:        "a co-owned min at the pinned value is not the user's",
+			so:          scaledObject(i(7), i(20), withPin, userPinned, managedBy("argocd", metav1.ManagedFieldsOperationApply, "minReplicaCount"), oursPinned),
+			pinning:     true,
+			wantDesired: Replicas{Min: i(7), Max: i(20)},
+			wantUser:    Replicas{Min: i(2), Max: i(80)},
+			wantAnn:     withPin,
+		},
+		{
 			name:        "outage begins: pin the scaled replicas",
-			so:          scaledObject(i(2), i(20), bound, user, ours("minReplicaCount", "maxReplicaCount")),
+			so:          scaledObject(i(2), i(20), bound, userBound, oursBound),
 			pinning:     true,
 			scaled:      i(7),
 			wantDesired: Replicas{Min: i(7), Max: i(20)},
 			wantUser:    Replicas{Min: i(2), Max: i(80)},
-			wantAnn:     map[string]*string{AnnotationPinnedMinReplicas: ptr.To("7")},
+			wantAnn:     withPin,
 			wantApply:   true,
 		},
 		{
 			name:        "the pin annotation wins over a new reading",
-			so:          scaledObject(i(7), i(20), withPin, user, ours("minReplicaCount", "maxReplicaCount")),
+			so:          scaledObject(i(7), i(20), withPin, userPinned, oursPinned),
 			pinning:     true,
 			scaled:      i(12),
 			wantDesired: Replicas{Min: i(7), Max: i(20)},
 			wantUser:    Replicas{Min: i(2), Max: i(80)},
-			wantAnn:     map[string]*string{},
+			wantAnn:     withPin,
 		},
 		{
-			name:        "outage over: the user's min comes back",
-			so:          scaledObject(i(7), i(20), withPin, user, ours("minReplicaCount", "maxReplicaCount")),
+			name:        "outage over: the user's min comes back, the pin annotation goes",
+			so:          scaledObject(i(7), i(20), withPin, userPinned, oursPinned),
 			wantDesired: Replicas{Min: i(2), Max: i(20)},
 			wantUser:    Replicas{Min: i(2), Max: i(80)},
-			wantAnn:     map[string]*string{AnnotationPinnedMinReplicas: nil},
+			wantAnn:     bound,
 			wantApply:   true,
 		},
 		{
 			name:     "outage over with an unset min: min is dropped from the apply",
-			so:       scaledObject(i(7), i(20), map[string]string{AnnotationOwner: "dep", AnnotationOriginalReplicas: `{"min":null,"max":null}`, AnnotationPinnedMinReplicas: "7"}, ours("minReplicaCount", "maxReplicaCount")),
+			so:       scaledObject(i(7), i(20), map[string]string{AnnotationOwner: "dep", AnnotationOriginalReplicas: `{"min":null,"max":null}`, AnnotationPinnedMinReplicas: "7"}, oursPinned),
 			wantUser: Replicas{},
 			// min unset, max at the bound
 			wantDesired: Replicas{Max: i(20)},
-			wantAnn:     map[string]*string{AnnotationPinnedMinReplicas: nil},
+			wantAnn:     map[string]string{AnnotationOwner: "dep", AnnotationOriginalReplicas: `{"min":null,"max":null}`},
 			wantApply:   true,
 		},
 	}
@@ -206,26 +269,50 @@ func TestPlanBinding(t *testing.T) {
 			g.Expect(b.Annotations).To(Equal(tt.wantAnn))
 			g.Expect(b.Apply).To(Equal(tt.wantApply))
 			g.Expect(b.Adopted).To(Equal(tt.wantAdopted))
+			g.Expect(b.DropLegacy).To(Equal(tt.wantLegacy))
+			g.Expect(b.Remove).To(Equal(tt.wantRemove))
 		})
 	}
 }
 
-func TestReleasePatch(t *testing.T) {
+func TestPlanRelease(t *testing.T) {
+	i := ptr.To[int32]
+	ours := managedBy(FieldManager, metav1.ManagedFieldsOperationApply, "minReplicaCount", "maxReplicaCount")
+	rec := map[string]string{AnnotationOwner: "dep", AnnotationOriginalReplicas: `{"min":null,"max":80}`, AnnotationPinnedMinReplicas: "7"}
+	tests := []struct {
+		name string
+		so   *kedav1alpha1.ScaledObject
+		want *Replicas
+	}{
+		{name: "the record", so: scaledObject(i(7), i(20), rec, ours), want: &Replicas{Max: i(80)}},
+		{name: "no record: the live values stay", so: scaledObject(i(7), i(20), nil, ours), want: nil},
+		{name: "a change not yet recorded", so: scaledObject(i(7), i(60), rec, managedBy(FieldManager, metav1.ManagedFieldsOperationApply, "minReplicaCount"), managedBy("kubectl", metav1.ManagedFieldsOperationUpdate, "maxReplicaCount")), want: &Replicas{Max: i(60)}},
+		{name: "a co-owned max not yet recorded", so: scaledObject(i(7), i(20), rec, ours, managedBy("argocd", metav1.ManagedFieldsOperationApply, "maxReplicaCount")), want: &Replicas{Max: i(20)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := planRelease(tt.so)
+			if (got == nil) != (tt.want == nil) || (got != nil && !got.Equal(*tt.want)) {
+				t.Errorf("planRelease = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLetGoPatch(t *testing.T) {
 	g := NewWithT(t)
 	creator := managedBy("kubectl", metav1.ManagedFieldsOperationUpdate, "scaleTargetRef")
-	so := scaledObject(ptr.To[int32](7), ptr.To[int32](20),
-		map[string]string{AnnotationOwner: "dep", AnnotationOriginalReplicas: `{"min":null,"max":80}`, AnnotationPinnedMinReplicas: "7"},
-		creator, managedBy(FieldManager, metav1.ManagedFieldsOperationApply, "minReplicaCount", "maxReplicaCount"))
-	data, user, err := releasePatch(so)
+	ours := managedBy(FieldManager, metav1.ManagedFieldsOperationApply, "minReplicaCount", "maxReplicaCount", "ann:"+AnnotationOwner)
+	legacy := managedBy(MetadataFieldOwner, metav1.ManagedFieldsOperationUpdate, "maxReplicaCount")
+	data, err := letGoPatch("7", []metav1.ManagedFieldsEntry{creator, ours, legacy})
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(user.Equal(Replicas{Max: ptr.To[int32](80)})).To(BeTrue())
 	var patch struct {
 		Metadata struct {
 			ResourceVersion string                      `json:"resourceVersion"`
 			Annotations     map[string]*string          `json:"annotations"`
 			ManagedFields   []metav1.ManagedFieldsEntry `json:"managedFields"`
 		} `json:"metadata"`
-		Spec map[string]*int32 `json:"spec"`
+		Spec map[string]any `json:"spec"`
 	}
 	g.Expect(json.Unmarshal(data, &patch)).To(Succeed())
 	g.Expect(patch.Metadata.ResourceVersion).To(Equal("7"), "the patch fails if the object changed")
@@ -233,25 +320,63 @@ func TestReleasePatch(t *testing.T) {
 	for _, v := range patch.Metadata.Annotations {
 		g.Expect(v).To(BeNil())
 	}
-	g.Expect(patch.Metadata.ManagedFields).To(ConsistOf(creator), "only the field manager's entry is dropped")
-	g.Expect(string(data)).To(ContainSubstring(`"minReplicaCount":null`), "unset stays unset")
-	g.Expect(*patch.Spec["maxReplicaCount"]).To(Equal(int32(80)))
+	g.Expect(patch.Metadata.ManagedFields).To(ConsistOf(creator), "only Spillway's entries are dropped")
+	g.Expect(patch.Spec).To(BeNil(), "no field but metadata changes")
 
 	// Only Spillway ever managed fields: the list is cleared, not omitted.
-	so.ManagedFields = so.ManagedFields[1:]
-	data, _, err = releasePatch(so)
+	data, err = letGoPatch("7", []metav1.ManagedFieldsEntry{ours})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(string(data)).To(ContainSubstring(`"managedFields":[{}]`))
+
+	// Nothing of Spillway's in managedFields: it is not sent.
+	data, err = letGoPatch("7", []metav1.ManagedFieldsEntry{creator})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(data)).NotTo(ContainSubstring("managedFields"))
 }
 
-func TestOwnedReplicaFields(t *testing.T) {
+func TestCleanupPatch(t *testing.T) {
 	g := NewWithT(t)
-	g.Expect(ownedReplicaFields(nil)).To(Equal(ownedFields{}))
-	g.Expect(ownedReplicaFields([]metav1.ManagedFieldsEntry{
+	creator := managedBy("kubectl", metav1.ManagedFieldsOperationUpdate, "scaleTargetRef")
+	legacy := managedBy(MetadataFieldOwner, metav1.ManagedFieldsOperationUpdate, "ann:"+AnnotationPinnedMinReplicas)
+	entries := []metav1.ManagedFieldsEntry{creator, legacy}
+
+	data, err := cleanupPatch(binding{}, "7", entries)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(data).To(BeNil(), "nothing to do")
+
+	data, err = cleanupPatch(binding{DropLegacy: true, Remove: []string{AnnotationPinnedMinReplicas}}, "7", entries)
+	g.Expect(err).NotTo(HaveOccurred())
+	var patch struct {
+		Metadata struct {
+			ResourceVersion string                      `json:"resourceVersion"`
+			Annotations     map[string]*string          `json:"annotations"`
+			ManagedFields   []metav1.ManagedFieldsEntry `json:"managedFields"`
+		} `json:"metadata"`
+		Spec map[string]any `json:"spec"`
+	}
+	g.Expect(json.Unmarshal(data, &patch)).To(Succeed())
+	g.Expect(patch.Metadata.ResourceVersion).To(Equal("7"))
+	g.Expect(patch.Metadata.Annotations).To(Equal(map[string]*string{AnnotationPinnedMinReplicas: nil}))
+	g.Expect(patch.Metadata.ManagedFields).To(ConsistOf(creator))
+	g.Expect(patch.Spec).To(BeNil())
+
+	data, err = cleanupPatch(binding{Remove: []string{AnnotationPinnedMinReplicas}}, "7", entries)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(data)).NotTo(ContainSubstring("managedFields"), "the entries stay without DropLegacy")
+}
+
+func TestOwnershipOf(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(ownershipOf(nil)).To(Equal(ownership{Annotations: map[string]bool{}}))
+	g.Expect(ownershipOf([]metav1.ManagedFieldsEntry{
 		managedBy("kubectl", metav1.ManagedFieldsOperationApply, "minReplicaCount", "maxReplicaCount"),
-		managedBy(FieldManager, metav1.ManagedFieldsOperationApply, "maxReplicaCount"),
-	})).To(Equal(ownedFields{Max: true}))
-	g.Expect(ownedReplicaFields([]metav1.ManagedFieldsEntry{
+		managedBy(FieldManager, metav1.ManagedFieldsOperationApply, "maxReplicaCount", "ann:"+AnnotationOwner),
+	})).To(Equal(ownership{Max: true, OtherMin: true, OtherMax: true, Annotations: map[string]bool{AnnotationOwner: true}}))
+	g.Expect(ownershipOf([]metav1.ManagedFieldsEntry{
 		managedBy(FieldManager, metav1.ManagedFieldsOperationUpdate, "maxReplicaCount"),
-	})).To(Equal(ownedFields{}), "only the apply entry counts")
+		managedBy(MetadataFieldOwner, metav1.ManagedFieldsOperationUpdate, "maxReplicaCount"),
+	})).To(Equal(ownership{Legacy: true, Annotations: map[string]bool{}}), "only the apply entry is ours; Spillway's other entries are nobody else's")
+	status := managedBy("keda", metav1.ManagedFieldsOperationUpdate, "maxReplicaCount")
+	status.Subresource = "status"
+	g.Expect(ownershipOf([]metav1.ManagedFieldsEntry{status})).To(Equal(ownership{Annotations: map[string]bool{}}), "subresource entries do not count")
 }

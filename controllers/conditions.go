@@ -14,7 +14,9 @@ import (
 // Condition types of a DependencyPolicy.
 const (
 	// ConditionReady is True when the controller evaluated the policy and
-	// published the result to Redis on its last attempt.
+	// published the result to Redis on its last attempt, and every consumer
+	// is bounded (ConsumersBounded is not False). It is the condition
+	// `kubectl get dpol` shows as READY.
 	ConditionReady = "Ready"
 	// ConditionBreakerOpen is True while the breaker is Open or HalfOpen.
 	ConditionBreakerOpen = "BreakerOpen"
@@ -23,6 +25,10 @@ const (
 	// ConditionConsumersBounded is True when every consumer's ScaledObject is
 	// bounded as the policy says.
 	ConditionConsumersBounded = "ConsumersBounded"
+	// ConditionStalled is True, with ReasonInvalidSpec, while the spec cannot
+	// be turned into a policy: the controller makes no progress until the
+	// spec changes. It is absent otherwise.
+	ConditionStalled = "Stalled"
 )
 
 // Reasons of the Ready condition.
@@ -33,8 +39,9 @@ const (
 	// limit workers enforce stays at what was last published; the controller
 	// retries with backoff and continues from what Redis holds.
 	ReasonRedisUnavailable = "RedisUnavailable"
-	// ReasonInvalidSpec (False): the spec cannot be turned into a policy. The
-	// controller waits for the spec to change.
+	// ReasonInvalidSpec (False; Stalled True): the spec cannot be turned into
+	// a policy. The controller publishes the fleet Closed at the capacity last
+	// published (see safeState) and waits for the spec to change.
 	ReasonInvalidSpec = "InvalidSpec"
 	// ReasonStaleEpoch (False): Redis holds a newer epoch than this controller
 	// decided from, because another controller published meanwhile. The
@@ -43,6 +50,10 @@ const (
 	// ReasonNotEvaluated (Unknown), for Ready, BreakerOpen and Ramping: the
 	// policy has not been evaluated yet.
 	ReasonNotEvaluated = "NotEvaluated"
+	// ReasonReleasePending (False): the policy is being deleted and the
+	// controller waits to publish its fleet Closed at full capacity in Redis
+	// before it removes the finalizer.
+	ReasonReleasePending = "ReleasePending"
 )
 
 // Reasons of the BreakerOpen condition.
@@ -133,6 +144,46 @@ func readyCondition(err error, published protocol.Published) metav1.Condition {
 		msg = "Cannot reach Redis; workers keep the limit last published: " + msg
 	}
 	return metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: reason, Message: msg}
+}
+
+// readySummary is the Ready condition from the evaluation's (readyCondition)
+// and the consumers' (consumersBoundedCondition): the evaluation's while it
+// is not True, and False with the consumers' reason while they are not all
+// bounded, so that READY never shows True for a policy that does not bound
+// its consumers.
+func readySummary(evaluated, consumers metav1.Condition) metav1.Condition {
+	if evaluated.Status != metav1.ConditionTrue || consumers.Status != metav1.ConditionFalse {
+		return evaluated
+	}
+	return metav1.Condition{
+		Type:    ConditionReady,
+		Status:  metav1.ConditionFalse,
+		Reason:  consumers.Reason,
+		Message: evaluated.Message + ", but " + consumers.Message,
+	}
+}
+
+// stalledCondition is the Stalled condition for a spec that cannot be
+// turned into a policy.
+func stalledCondition(specErr error) metav1.Condition {
+	return metav1.Condition{
+		Type:    ConditionStalled,
+		Status:  metav1.ConditionTrue,
+		Reason:  ReasonInvalidSpec,
+		Message: "The spec cannot be used, so the fleet is published Closed at the capacity last published until it changes: " + specErr.Error(),
+	}
+}
+
+// releasePendingCondition is the Ready condition of a deleted policy whose
+// fleet could not be released in Redis yet.
+func releasePendingCondition(err error) metav1.Condition {
+	return metav1.Condition{
+		Type:   ConditionReady,
+		Status: metav1.ConditionFalse,
+		Reason: ReasonReleasePending,
+		Message: fmt.Sprintf("The policy is being deleted; the finalizer stays until the fleet is published Closed at full capacity in Redis, "+
+			"retried with backoff (annotate %s=true to let it go without, if Redis is gone for good): %v", AnnotationSkipRedisRelease, err),
+	}
 }
 
 // breakerOpenCondition describes the breaker in state; openUntil is when an

@@ -211,3 +211,53 @@ func TestStatusDue(t *testing.T) {
 		}
 	})
 }
+
+func TestReadySummary(t *testing.T) {
+	evaluated := readyCondition(nil, protocol.Published{State: protocol.Closed, Limit: 40, Epoch: 1})
+	redisDown := readyCondition(&evalError{reason: ReasonRedisUnavailable, err: errors.New("connection refused")}, protocol.Published{})
+	bounded := consumersBoundedCondition([]consumerResult{{Name: "render"}})
+	none := consumersBoundedCondition(nil)
+	missing := consumersBoundedCondition([]consumerResult{{Name: "render"}, {Name: "thumbs", Reason: ReasonScaledObjectNotFound, Message: "not found"}})
+	conflict := consumersBoundedCondition([]consumerResult{{Name: "render", Reason: ReasonConflict, Message: "bounded by other"}})
+	notEvaluated := metav1.Condition{Type: ConditionReady, Status: metav1.ConditionUnknown, Reason: ReasonNotEvaluated}
+	tests := []struct {
+		name      string
+		evaluated metav1.Condition
+		consumers metav1.Condition
+		status    metav1.ConditionStatus
+		reason    string
+		message   string
+	}{
+		{"all well", evaluated, bounded, metav1.ConditionTrue, ReasonEvaluated, "Published state Closed with limit 40"},
+		{"no consumers", evaluated, none, metav1.ConditionTrue, ReasonEvaluated, "Published state Closed"},
+		{"a consumer missing", evaluated, missing, metav1.ConditionFalse, ReasonScaledObjectNotFound, "Published state Closed with limit 40 (epoch 1), but 1 of 2 consumers not bounded: thumbs: not found"},
+		{"a conflict", evaluated, conflict, metav1.ConditionFalse, ReasonConflict, "render: bounded by other"},
+		{"Redis down comes first", redisDown, missing, metav1.ConditionFalse, ReasonRedisUnavailable, "connection refused"},
+		{"not evaluated yet", notEvaluated, missing, metav1.ConditionUnknown, ReasonNotEvaluated, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			c := readySummary(tt.evaluated, tt.consumers)
+			g.Expect(c.Type).To(Equal(ConditionReady))
+			g.Expect(c.Status).To(Equal(tt.status))
+			g.Expect(c.Reason).To(Equal(tt.reason))
+			g.Expect(c.Message).To(ContainSubstring(tt.message))
+		})
+	}
+}
+
+func TestStalledAndReleasePendingConditions(t *testing.T) {
+	g := NewWithT(t)
+	c := stalledCondition(errors.New("breaker: minCalls must be >= 1, got 0"))
+	g.Expect(c.Type).To(Equal(ConditionStalled))
+	g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+	g.Expect(c.Reason).To(Equal(ReasonInvalidSpec))
+	g.Expect(c.Message).To(And(ContainSubstring("Closed at the capacity last published"), ContainSubstring("minCalls must be >= 1")))
+
+	c = releasePendingCondition(errors.New("dial tcp 127.0.0.1:6379: connection refused"))
+	g.Expect(c.Type).To(Equal(ConditionReady))
+	g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+	g.Expect(c.Reason).To(Equal(ReasonReleasePending))
+	g.Expect(c.Message).To(And(ContainSubstring(AnnotationSkipRedisRelease+"=true"), ContainSubstring("connection refused")))
+}

@@ -2,18 +2,17 @@ package controllers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
-	"strconv"
+	"slices"
 	"time"
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -51,27 +50,41 @@ func (r *DependencyPolicyReconciler) reconcileConsumers(ctx context.Context, pol
 }
 
 // bindConsumer bounds one ScaledObject: it records the user's replicas and
-// the owner first, pins the minimum during an outage, and server-side applies
-// min and max under FieldManager.
+// the owner, pins the minimum during an outage and bounds the maximum, in one
+// server-side apply under FieldManager. It plans from the cache; when the
+// ScaledObject changed since (the cache lags, or the user just wrote), the
+// apply is refused and bindConsumer plans once more from the API server.
 func (r *DependencyPolicyReconciler) bindConsumer(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, name string, bound int32, pinning bool) consumerResult {
+	res, conflict := r.bindFrom(ctx, r.Client, pol, name, bound, pinning)
+	if conflict {
+		ctrl.LoggerFrom(ctx).V(1).Info("A ScaledObject changed since the cache read it: reading it again", "scaledObject", klog.KRef(pol.Namespace, name))
+		res, _ = r.bindFrom(ctx, r.APIReader, pol, name, bound, pinning)
+	}
+	return res
+}
+
+// bindFrom is bindConsumer with the ScaledObject read from reader. It
+// reports whether the apply was refused because the ScaledObject changed
+// since it was read.
+func (r *DependencyPolicyReconciler) bindFrom(ctx context.Context, reader client.Reader, pol *spillwayv1alpha1.DependencyPolicy, name string, bound int32, pinning bool) (consumerResult, bool) {
 	log := ctrl.LoggerFrom(ctx)
 	so := &kedav1alpha1.ScaledObject{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: pol.Namespace, Name: name}, so); err != nil {
+	if err := reader.Get(ctx, types.NamespacedName{Namespace: pol.Namespace, Name: name}, so); err != nil {
 		if apierrors.IsNotFound(err) {
-			return consumerResult{Reason: ReasonScaledObjectNotFound, Message: fmt.Sprintf("ScaledObject not found in namespace %s", pol.Namespace)}
+			return consumerResult{Reason: ReasonScaledObjectNotFound, Message: fmt.Sprintf("ScaledObject not found in namespace %s", pol.Namespace)}, false
 		}
-		return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to read the ScaledObject: %v", err)}
+		return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to read the ScaledObject: %v", err)}, false
 	}
 	if !so.DeletionTimestamp.IsZero() {
-		return consumerResult{Reason: ReasonScaledObjectNotFound, Message: "the ScaledObject is being deleted"}
+		return consumerResult{Reason: ReasonScaledObjectNotFound, Message: "the ScaledObject is being deleted"}, false
 	}
 	if owner := so.Annotations[AnnotationOwner]; owner != "" && owner != pol.Name {
 		claimed, err := r.claimedBy(ctx, pol.Namespace, owner, name)
 		if err != nil {
-			return consumerResult{Reason: ReasonAPIError, Message: err.Error()}
+			return consumerResult{Reason: ReasonAPIError, Message: err.Error()}, false
 		}
 		if claimed {
-			return consumerResult{Reason: ReasonConflict, Message: fmt.Sprintf("already bounded by DependencyPolicy %s", owner)}
+			return consumerResult{Reason: ReasonConflict, Message: fmt.Sprintf("already bounded by DependencyPolicy %s", owner)}, false
 		}
 		log.Info("Taking over a ScaledObject whose owner no longer names it", "scaledObject", klog.KObj(so), "previousOwner", owner)
 	}
@@ -90,17 +103,15 @@ func (r *DependencyPolicyReconciler) bindConsumer(ctx context.Context, pol *spil
 	}
 
 	b := planBinding(pol.Name, so, bound, pinning, scaled)
-	if len(b.Annotations) > 0 {
-		if err := r.patchAnnotations(ctx, so, b.Annotations); err != nil {
-			return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to annotate the ScaledObject: %v", err)}
-		}
-	}
 	if b.Adopted != "" {
 		log.Info("The user changed a bounded ScaledObject: recorded as the user's replicas", "scaledObject", klog.KObj(so), "fields", b.Adopted, "user", b.User.String())
 	}
 	if b.Apply {
-		if err := r.applyReplicas(ctx, so, b.Desired); err != nil {
-			return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to apply replicas: %v", err)}
+		if err := r.applyBinding(ctx, so, b); err != nil {
+			if apierrors.IsConflict(err) {
+				return consumerResult{Reason: ReasonAPIError, Message: "the ScaledObject changed since it was read; it is read again"}, true
+			}
+			return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to apply replicas: %v", err)}, false
 		}
 		if !b.Live.Equal(b.Desired) {
 			msg := fmt.Sprintf("ScaledObject %s: replicas %s -> %s (bound %d)", so.Name, b.Live, b.Desired, bound)
@@ -112,138 +123,47 @@ func (r *DependencyPolicyReconciler) bindConsumer(ctx context.Context, pol *spil
 		}
 	}
 	if failed != nil {
-		return *failed
+		return *failed, false
 	}
-	return consumerResult{Message: b.Desired.String()}
+	return consumerResult{Message: b.Desired.String()}, false
 }
 
-// binding is what planBinding decided for one ScaledObject.
-type binding struct {
-	// Live is the ScaledObject's replicas now; Desired what they should be.
-	Live, Desired Replicas
-	// User is the user's replicas, as recorded (and updated with changes the
-	// user made since).
-	User Replicas
-	// Adopted names the fields the user changed since they were recorded.
-	Adopted string
-	// Pinned is the pinned minimum, nil when not pinning.
-	Pinned *int32
-	// Annotations to set (a value) or remove (nil); empty when unchanged.
-	Annotations map[string]*string
-	// Apply is whether min and max must be server-side applied.
-	Apply bool
+// applyBinding server-side applies b under FieldManager: min and max as
+// b.Desired sets them (a field that goes back to unset is removed) and the
+// annotations, in one request that fails if so changed since it was read. A
+// user's change made meanwhile is therefore never overwritten unrecorded: it
+// is read, and recorded, on the next try. What the apply cannot remove (see
+// cleanupPatch) goes first, from the same resourceVersion.
+func (r *DependencyPolicyReconciler) applyBinding(ctx context.Context, so *kedav1alpha1.ScaledObject, b binding) error {
+	data, err := cleanupPatch(b, so.ResourceVersion, so.ManagedFields)
+	if err != nil {
+		return err
+	}
+	if data != nil {
+		if err := r.Client.Patch(ctx, so, client.RawPatch(types.MergePatchType, data), client.FieldOwner(MetadataFieldOwner)); err != nil {
+			return fmt.Errorf("failed to remove annotations the apply cannot: %w", err)
+		}
+	}
+	_, err = r.apply(ctx, so, b.Desired, b.Annotations)
+	return err
 }
 
-// planBinding decides, without I/O, how policyName bounds so to bound. While
-// pinning, the minimum is the pinned-replicas annotation, or scaled (the
-// replicas just read from the scale target) when there is none yet.
-//
-// The user's replicas are the recorded annotation, or the live values before
-// the first change. A field that FieldManager no longer owns but whose live
-// value differs from the recorded one was changed by the user (any other
-// writer takes the field's ownership from FieldManager when it changes the
-// value): the live value becomes the user's.
-func planBinding(policyName string, so *kedav1alpha1.ScaledObject, bound int32, pinning bool, scaled *int32) binding {
-	ann := so.GetAnnotations()
-	b := binding{Live: Replicas{Min: so.Spec.MinReplicaCount, Max: so.Spec.MaxReplicaCount}}
-	owned := ownedReplicaFields(so.ManagedFields)
-	b.User = b.Live
-	if s, ok := ann[AnnotationOriginalReplicas]; ok {
-		if recorded, err := parseReplicas(s); err == nil {
-			b.User, b.Adopted = adoptUserChanges(recorded, b.Live, owned)
-		}
+// apply server-side applies min and max (the fields desired sets, and no
+// others) and annotations to so under FieldManager, with so's resourceVersion
+// as a precondition, and returns the ScaledObject the API server answered.
+func (r *DependencyPolicyReconciler) apply(ctx context.Context, so *kedav1alpha1.ScaledObject, desired Replicas, annotations map[string]string) (*unstructured.Unstructured, error) {
+	ann := make(map[string]any, len(annotations))
+	for k, v := range annotations {
+		ann[k] = v
 	}
-	if pinning {
-		if v, err := strconv.ParseInt(ann[AnnotationPinnedMinReplicas], 10, 32); err == nil && v >= 0 {
-			b.Pinned = ptrTo(int32(v))
-		} else if scaled != nil {
-			b.Pinned = ptrTo(*scaled)
-		}
+	metadata := map[string]any{"name": so.Name, "namespace": so.Namespace, "resourceVersion": so.ResourceVersion}
+	if len(ann) > 0 {
+		metadata["annotations"] = ann
 	}
-	b.Desired = DesiredReplicas(b.User, bound, b.Pinned)
-
-	want := map[string]*string{
-		AnnotationOwner:             ptrTo(policyName),
-		AnnotationOriginalReplicas:  ptrTo(b.User.marshal()),
-		AnnotationPinnedMinReplicas: nil,
-	}
-	if b.Pinned != nil {
-		want[AnnotationPinnedMinReplicas] = ptrTo(strconv.Itoa(int(*b.Pinned)))
-	}
-	b.Annotations = map[string]*string{}
-	for k, v := range want {
-		cur, ok := ann[k]
-		if (v == nil && ok) || (v != nil && (!ok || cur != *v)) {
-			b.Annotations[k] = v
-		}
-	}
-	b.Apply = !b.Live.Equal(b.Desired) || owned.Min != (b.Desired.Min != nil) || owned.Max != (b.Desired.Max != nil)
-	return b
-}
-
-// adoptUserChanges updates the recorded user replicas with the fields the
-// user changed since: those FieldManager does not own whose live value
-// differs. It also names them.
-func adoptUserChanges(recorded, live Replicas, owned ownedFields) (Replicas, string) {
-	var adopted string
-	if !owned.Min && !equalInt32(recorded.Min, live.Min) {
-		recorded.Min, adopted = live.Min, "minReplicaCount"
-	}
-	if !owned.Max && !equalInt32(recorded.Max, live.Max) {
-		recorded.Max = live.Max
-		if adopted != "" {
-			adopted += ","
-		}
-		adopted += "maxReplicaCount"
-	}
-	return recorded, adopted
-}
-
-// ownedFields says which replica fields FieldManager owns.
-type ownedFields struct{ Min, Max bool }
-
-// ownedReplicaFields reads FieldManager's apply entry in managedFields.
-func ownedReplicaFields(entries []metav1.ManagedFieldsEntry) ownedFields {
-	var owned ownedFields
-	for _, e := range entries {
-		if e.Manager != FieldManager || e.Operation != metav1.ManagedFieldsOperationApply || e.Subresource != "" || e.FieldsV1 == nil {
-			continue
-		}
-		var fields struct {
-			Spec map[string]json.RawMessage `json:"f:spec"`
-		}
-		if err := json.Unmarshal(e.FieldsV1.Raw, &fields); err != nil {
-			continue
-		}
-		_, owned.Min = fields.Spec["f:minReplicaCount"]
-		_, owned.Max = fields.Spec["f:maxReplicaCount"]
-	}
-	return owned
-}
-
-// patchAnnotations sets and removes annotations on so with a merge patch
-// that fails if so changed since it was read, so the recorded user replicas
-// are always the ones that were live.
-func (r *DependencyPolicyReconciler) patchAnnotations(ctx context.Context, so *kedav1alpha1.ScaledObject, changes map[string]*string) error {
-	patch := client.MergeFromWithOptions(so.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	for k, v := range changes {
-		if v == nil {
-			delete(so.Annotations, k)
-			continue
-		}
-		metav1.SetMetaDataAnnotation(&so.ObjectMeta, k, *v)
-	}
-	return r.Client.Patch(ctx, so, patch, client.FieldOwner(MetadataFieldOwner))
-}
-
-// applyReplicas server-side applies min and max under FieldManager: the
-// fields desired sets, and no others, so a field that goes back to unset is
-// removed.
-func (r *DependencyPolicyReconciler) applyReplicas(ctx context.Context, so *kedav1alpha1.ScaledObject, desired Replicas) error {
 	obj := map[string]any{
 		"apiVersion": kedav1alpha1.GroupVersion.String(),
 		"kind":       "ScaledObject",
-		"metadata":   map[string]any{"name": so.Name, "namespace": so.Namespace},
+		"metadata":   metadata,
 	}
 	spec := map[string]any{}
 	if desired.Min != nil {
@@ -256,36 +176,85 @@ func (r *DependencyPolicyReconciler) applyReplicas(ctx context.Context, so *keda
 		obj["spec"] = spec
 	}
 	u := &unstructured.Unstructured{Object: obj}
-	return r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldManager), client.ForceOwnership)
+	if err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+		return nil, err
+	}
+	return u, nil
 }
 
 // releaseAll lets go of every ScaledObject pol bounds whose name is not in
-// keep (all of them when keep is nil).
+// keep. A nil keep means pol is being deleted: then the ScaledObjects its spec
+// names are let go of too, so that one pol claimed moments ago, which the
+// cache may not show yet, is not left bounded once the finalizer is gone.
+// Each is read from the API server (APIReader) before it is let go.
 func (r *DependencyPolicyReconciler) releaseAll(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, keep map[string]bool) error {
 	var owned kedav1alpha1.ScaledObjectList
 	if err := r.Client.List(ctx, &owned, client.InNamespace(pol.Namespace), client.MatchingFields{IndexOwner: pol.Name}); err != nil {
 		return fmt.Errorf("failed to list the ScaledObjects of %s: %w", klog.KObj(pol), err)
 	}
+	names := map[string]bool{}
+	for _, so := range owned.Items {
+		if !keep[so.Name] {
+			names[so.Name] = true
+		}
+	}
+	if keep == nil {
+		for _, c := range pol.Spec.Consumers {
+			names[c.ScaledObjectName] = true
+		}
+	}
 	var errs []error
-	for i := range owned.Items {
-		so := &owned.Items[i]
-		if keep[so.Name] {
+	for _, name := range slices.Sorted(maps.Keys(names)) {
+		so := &kedav1alpha1.ScaledObject{}
+		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: pol.Namespace, Name: name}, so); err != nil {
+			if !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("failed to read ScaledObject %s: %w", name, err))
+			}
+			continue
+		}
+		if so.Annotations[AnnotationOwner] != pol.Name {
 			continue
 		}
 		if err := r.release(ctx, pol, so); err != nil {
-			errs = append(errs, fmt.Errorf("failed to restore ScaledObject %s: %w", so.Name, err))
+			errs = append(errs, fmt.Errorf("failed to restore ScaledObject %s: %w", name, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// release puts back the user's replicas (unset stays unset), removes
-// Spillway's annotations and drops FieldManager's entry from managedFields, in
-// one merge patch that fails if so changed since it was read. Dropping the
-// entry hands the fields back without deleting them: a server-side apply
-// without them would delete any field FieldManager alone owns.
+// release lets go of so, in two requests, each failing if so changed since
+// the one before:
+//
+//  1. FieldManager applies the user's replicas (an unset one left out, so it
+//     is removed unless another manager owns it), with the annotations
+//     unchanged, so that a failure before step 2 leaves so still claimed and
+//     the release is tried again.
+//  2. A merge patch removes the annotations and the managedFields entries of
+//     FieldManager and MetadataFieldOwner, changing no other field.
+//
+// Spillway then owns nothing: a field only it owned is owned by nobody and
+// the user's next apply, forced or not, takes it; a field the user's manager
+// owned too stays theirs.
 func (r *DependencyPolicyReconciler) release(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, so *kedav1alpha1.ScaledObject) error {
-	data, user, err := releasePatch(so)
+	user := planRelease(so)
+	rv, entries := so.ResourceVersion, so.ManagedFields
+	if user != nil {
+		ann := map[string]string{}
+		for _, k := range spillwayAnnotations {
+			if v, ok := so.Annotations[k]; ok {
+				ann[k] = v
+			}
+		}
+		u, err := r.apply(ctx, so, *user, ann)
+		if err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("failed to apply the user's replicas: %w", err)
+		}
+		rv, entries = u.GetResourceVersion(), u.GetManagedFields()
+	}
+	data, err := letGoPatch(rv, entries)
 	if err != nil {
 		return err
 	}
@@ -303,48 +272,6 @@ func (r *DependencyPolicyReconciler) release(ctx context.Context, pol *spillwayv
 	r.Recorder.Eventf(pol, so, corev1.EventTypeNormal, EventRestored, "Restore", "%s", msg)
 	ctrl.LoggerFrom(ctx).Info("Restored a ScaledObject", "scaledObject", klog.KObj(so), "user", msg)
 	return nil
-}
-
-// releasePatch is release's merge patch, and the user's replicas it puts
-// back (nil when none were recorded, or the record cannot be read: then the
-// live values stay).
-func releasePatch(so *kedav1alpha1.ScaledObject) ([]byte, *Replicas, error) {
-	metadata := map[string]any{
-		"resourceVersion": so.ResourceVersion,
-		"annotations": map[string]any{
-			AnnotationOwner:             nil,
-			AnnotationOriginalReplicas:  nil,
-			AnnotationPinnedMinReplicas: nil,
-		},
-	}
-	kept := make([]metav1.ManagedFieldsEntry, 0, len(so.ManagedFields))
-	for _, e := range so.ManagedFields {
-		if e.Manager == FieldManager && e.Operation == metav1.ManagedFieldsOperationApply {
-			continue
-		}
-		kept = append(kept, e)
-	}
-	if len(kept) < len(so.ManagedFields) {
-		if len(kept) == 0 {
-			// An empty list would read as "not sent"; one empty entry is the
-			// API server's way to clear managedFields.
-			kept = []metav1.ManagedFieldsEntry{{}}
-		}
-		metadata["managedFields"] = kept
-	}
-	patch := map[string]any{"metadata": metadata}
-	var user *Replicas
-	live := Replicas{Min: so.Spec.MinReplicaCount, Max: so.Spec.MaxReplicaCount}
-	if recorded, err := parseReplicas(so.Annotations[AnnotationOriginalReplicas]); err == nil {
-		u, _ := adoptUserChanges(recorded, live, ownedReplicaFields(so.ManagedFields))
-		user = &u
-		patch["spec"] = map[string]any{"minReplicaCount": u.Min, "maxReplicaCount": u.Max}
-	}
-	data, err := json.Marshal(patch)
-	if err != nil {
-		return nil, nil, fmt.Errorf("failed to build the restore patch: %w", err)
-	}
-	return data, user, nil
 }
 
 // claimedBy reports whether the policy owner, in namespace, exists and names

@@ -59,11 +59,13 @@ const (
 	// user's replicas back.
 	Finalizer = "spillway.dev/finalizer"
 	// FieldManager is the server-side apply field manager that owns a bounded
-	// ScaledObject's spec.minReplicaCount and spec.maxReplicaCount, and
-	// nothing else. GitOps tools can be told to ignore exactly its fields.
+	// ScaledObject's spec.minReplicaCount and spec.maxReplicaCount and
+	// Spillway's annotations, and nothing else. GitOps tools can be told to
+	// ignore exactly its fields.
 	FieldManager = "spillway-controller"
-	// MetadataFieldOwner is the field owner of the controller's plain patches
-	// of ScaledObjects: its annotations, and putting back the user's replicas.
+	// MetadataFieldOwner is the field owner of the merge patch that lets go
+	// of a ScaledObject: it removes the annotations and Spillway's
+	// managedFields entries, and so owns nothing afterwards.
 	MetadataFieldOwner = "spillway-controller-metadata"
 
 	// AnnotationOwner, on a ScaledObject, names the DependencyPolicy (in the
@@ -76,6 +78,12 @@ const (
 	// back when the policy lets go. A change the user makes meanwhile (the
 	// field manager loses the field) is recorded here too.
 	AnnotationOriginalReplicas = "spillway.dev/original-replicas"
+	// AnnotationSkipRedisRelease, on a DependencyPolicy being deleted, set to
+	// "true", lets the finalizer go without publishing the fleet's release
+	// to Redis: the escape hatch for a Redis that is gone for good (see
+	// docs/runbook.md). Without it the finalizer stays until the release is
+	// published.
+	AnnotationSkipRedisRelease = "spillway.dev/skip-redis-release"
 	// AnnotationPinnedMinReplicas, on a ScaledObject, is the replicas its
 	// workload had when the outage began: the minReplicaCount pinned while the
 	// breaker is Open or HalfOpen and the ramp climbs.
@@ -95,6 +103,16 @@ const (
 	// EventRestored: Spillway put back a ScaledObject's replicas and let go
 	// of it.
 	EventRestored = "Restored"
+	// EventReleased: the fleet of a deleted policy was published Closed at
+	// full capacity.
+	EventReleased = "FleetReleased"
+	// EventReleaseFailed (Warning): the fleet of a deleted policy could not
+	// be released in Redis; the finalizer stays and the controller retries.
+	EventReleaseFailed = "FleetReleaseFailed"
+	// EventReleaseSkipped (Warning): the finalizer of a deleted policy went
+	// without releasing the fleet in Redis, as AnnotationSkipRedisRelease
+	// asked.
+	EventReleaseSkipped = "FleetReleaseSkipped"
 )
 
 // Options tune the reconciler. Zero values take the defaults.
@@ -148,6 +166,10 @@ func (o Options) withDefaults() Options {
 type DependencyPolicyReconciler struct {
 	// Client reads from the manager's cache and writes to the API server.
 	Client client.Client
+	// APIReader reads from the API server, bypassing the cache: what a
+	// deleted policy lets go of must not depend on the cache having caught
+	// up. Default: the manager's.
+	APIReader client.Reader
 	// Redis is where limits are published and outcomes read.
 	Redis redis.UniversalClient
 	// Recorder emits Events. Default: the manager's, as ControllerName.
@@ -177,8 +199,12 @@ type DependencyPolicyReconciler struct {
 	scaleChecks sync.Map
 }
 
-// +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/status,verbs=get;update;patch
+// The controller patches policies (their finalizer) and their status, and
+// never updates either. The finalizers grant is kubebuilder's usual one, for
+// API servers that check it when an object names a policy as its owner.
+//
+// +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/status,verbs=patch
 // +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/finalizers,verbs=update
 // +kubebuilder:rbac:groups=keda.sh,resources=scaledobjects,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=apps,resources=deployments/scale;statefulsets/scale,verbs=get
@@ -190,15 +216,14 @@ func (r *DependencyPolicyReconciler) SetupWithManager(ctx context.Context, mgr c
 	if r.Redis == nil {
 		return errors.New("the reconciler needs a Redis client")
 	}
-	r.Options = r.Options.withDefaults()
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
 	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder(ControllerName)
-	}
-	if r.Clock == nil {
-		r.Clock = clock.RealClock{}
 	}
 	if r.Discovery == nil {
 		dc, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig())
@@ -207,9 +232,7 @@ func (r *DependencyPolicyReconciler) SetupWithManager(ctx context.Context, mgr c
 		}
 		r.Discovery = dc
 	}
-	r.evalBackoff = workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](r.Options.EvaluationInterval, r.Options.MaxRetryDelay)
-	r.backoff = workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](time.Second, max(r.Options.MaxRetryDelay, r.Options.StatusInterval))
-	r.triggers = make(chan event.GenericEvent, 1024)
+	r.setDefaults()
 
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &spillwayv1alpha1.DependencyPolicy{}, IndexConsumer, consumerNames); err != nil {
 		return fmt.Errorf("failed to index DependencyPolicies by consumer: %w", err)
@@ -225,8 +248,11 @@ func (r *DependencyPolicyReconciler) SetupWithManager(ctx context.Context, mgr c
 	if err != nil {
 		return fmt.Errorf("failed to set up the evaluator: %w", err)
 	}
+	// The policy reconciler also sees annotation changes, so that
+	// AnnotationSkipRedisRelease takes effect at once.
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&spillwayv1alpha1.DependencyPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&spillwayv1alpha1.DependencyPolicy{}, builder.WithPredicates(predicate.Or[client.Object](
+			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		Watches(&kedav1alpha1.ScaledObject{}, scaledObjectHandler{
 			EventHandler: handler.EnqueueRequestsFromMapFunc(r.policiesFor),
 			forget:       func(uid types.UID) { r.scaleChecks.Delete(uid) },
@@ -235,6 +261,18 @@ func (r *DependencyPolicyReconciler) SetupWithManager(ctx context.Context, mgr c
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles}).
 		Named("dependencypolicy").
 		Complete(r)
+}
+
+// setDefaults fills the options, the clock and the internal queues; the
+// Client, Recorder and Discovery come from SetupWithManager.
+func (r *DependencyPolicyReconciler) setDefaults() {
+	r.Options = r.Options.withDefaults()
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	r.evalBackoff = workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](r.Options.EvaluationInterval, r.Options.MaxRetryDelay)
+	r.backoff = workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](time.Second, max(r.Options.MaxRetryDelay, r.Options.StatusInterval))
+	r.triggers = make(chan event.GenericEvent, 1024)
 }
 
 // Reconcile is the policy reconciler: Get, ensure the finalizer, then
@@ -249,10 +287,11 @@ func (r *DependencyPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Req
 		reconcileErrors.WithLabelValues(ReasonKubernetesAPI).Inc()
 		return ctrl.Result{}, fmt.Errorf("failed to get DependencyPolicy %s: %w", req, err)
 	}
-	if !pol.DeletionTimestamp.IsZero() {
-		return r.reconcileDelete(ctx, pol)
+	deleting := !pol.DeletionTimestamp.IsZero()
+	if deleting && !controllerutil.ContainsFinalizer(pol, Finalizer) {
+		return ctrl.Result{}, nil
 	}
-	if !controllerutil.ContainsFinalizer(pol, Finalizer) {
+	if !deleting && !controllerutil.ContainsFinalizer(pol, Finalizer) {
 		patch := client.MergeFromWithOptions(pol.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.AddFinalizer(pol, Finalizer)
 		if err := r.Client.Patch(ctx, pol, patch); err != nil {
@@ -268,6 +307,9 @@ func (r *DependencyPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Req
 			retErr = errors.Join(retErr, err)
 		}
 	}()
+	if deleting {
+		return r.reconcileDelete(ctx, pol)
+	}
 	return r.reconcile(ctx, pol)
 }
 
@@ -275,35 +317,40 @@ func (r *DependencyPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Req
 // consumers for the state it decided.
 func (r *DependencyPolicyReconciler) reconcile(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy) (ctrl.Result, error) {
 	key := client.ObjectKeyFromObject(pol)
+	// The last evaluation, or, until the evaluator's first one since the
+	// manager started, what status already says. An evaluation of an older
+	// generation says nothing about this one.
+	ev, evaluated := r.lastEvaluation(key)
+	current := evaluated && ev.Generation == pol.Generation
+
 	params, err := policy.FromSpec(pol.Spec)
 	if err != nil {
-		err = &evalError{reason: ReasonInvalidSpec, err: fmt.Errorf("invalid spec: %w", err)}
-		if c := meta.FindStatusCondition(pol.Status.Conditions, ConditionReady); c == nil || c.Reason != ReasonInvalidSpec {
-			r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, ReasonInvalidSpec, "Evaluate", "%s", err.Error())
-		}
-		r.setCondition(pol, readyCondition(err, protocol.Published{}))
-		reconcileErrors.WithLabelValues(ReasonInvalidSpec).Inc()
-		return ctrl.Result{}, reconcile.TerminalError(err)
+		return r.reconcileInvalid(pol, ev, current, err)
 	}
-	pol.Status.ObservedGeneration = pol.Generation
+	meta.RemoveStatusCondition(&pol.Status.Conditions, ConditionStalled)
 
-	// The last evaluation, or, until the evaluator's first one since the
-	// manager started, what status already says.
-	ev, evaluated := r.lastEvaluation(key)
+	var ready metav1.Condition
 	switch {
 	case evaluated:
-		r.setCondition(pol, readyCondition(ev.Err, ev.Published))
+		ready = readyCondition(ev.Err, ev.Published)
 		if ev.Err == nil {
 			setPublishedStatus(&pol.Status, ev.Published, ev.Window, ev.At)
 		}
-	case meta.FindStatusCondition(pol.Status.Conditions, ConditionReady) == nil:
-		r.setCondition(pol, metav1.Condition{Type: ConditionReady, Status: metav1.ConditionUnknown, Reason: ReasonNotEvaluated, Message: "The policy has not been evaluated yet"})
+	case meta.FindStatusCondition(pol.Status.Conditions, ConditionReady) != nil:
+		ready = *meta.FindStatusCondition(pol.Status.Conditions, ConditionReady)
+	default:
+		ready = metav1.Condition{Type: ConditionReady, Status: metav1.ConditionUnknown, Reason: ReasonNotEvaluated, Message: "The policy has not been evaluated yet"}
+	}
+	// The generation is observed once the evaluator published it.
+	if current && ev.Err == nil {
+		pol.Status.ObservedGeneration = pol.Generation
 	}
 
 	state := protocol.State(pol.Status.State)
 	results := r.reconcileConsumers(ctx, pol, params, state)
 	consumers := consumersBoundedCondition(results)
 	r.setCondition(pol, consumers)
+	r.setCondition(pol, readySummary(ready, consumers))
 	openUntil := time.Time{}
 	if evaluated && ev.Published.State == protocol.Open {
 		openUntil = ev.Published.OpenUntil
@@ -321,23 +368,61 @@ func (r *DependencyPolicyReconciler) reconcile(ctx context.Context, pol *spillwa
 	return ctrl.Result{RequeueAfter: statusInterval(pol, r.Options.StatusInterval), Priority: ptr.To(handler.LowPriority)}, nil
 }
 
+// reconcileInvalid reports a spec that cannot be turned into a policy: Ready
+// False and Stalled, the generation observed (it will not get further until
+// the spec changes), and the safe state the evaluator publishes for it. The
+// consumers keep their bounds. The error is terminal: a new spec brings the
+// policy back.
+func (r *DependencyPolicyReconciler) reconcileInvalid(pol *spillwayv1alpha1.DependencyPolicy, ev evaluation, current bool, specErr error) (ctrl.Result, error) {
+	err := &evalError{reason: ReasonInvalidSpec, err: fmt.Errorf("invalid spec: %w", specErr)}
+	if c := meta.FindStatusCondition(pol.Status.Conditions, ConditionStalled); c == nil || c.ObservedGeneration != pol.Generation {
+		r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, ReasonInvalidSpec, "Evaluate", "%s", err.Error())
+	}
+	r.setCondition(pol, readyCondition(err, protocol.Published{}))
+	r.setCondition(pol, stalledCondition(specErr))
+	pol.Status.ObservedGeneration = pol.Generation
+	if current && ev.Published.State != "" {
+		setPublishedStatus(&pol.Status, ev.Published, ev.Window, ev.At)
+		r.setCondition(pol, breakerOpenCondition(ev.Published.State, ev.Published.OpenUntil, 0))
+		r.setCondition(pol, rampingCondition(ev.Published.State, ev.Published.RampStep, nil))
+	}
+	reconcileErrors.WithLabelValues(ReasonInvalidSpec).Inc()
+	return ctrl.Result{}, reconcile.TerminalError(err)
+}
+
 // reconcileDelete gives every ScaledObject the policy bounds its user's
-// replicas back, releases the fleet in Redis and removes the finalizer.
+// replicas back, releases the fleet in Redis (see releasedState) and removes
+// the finalizer. While Redis cannot be written the finalizer stays: the
+// reconciler retries with backoff, with a Warning Event and the Ready
+// condition saying why, unless AnnotationSkipRedisRelease lets it go.
 func (r *DependencyPolicyReconciler) reconcileDelete(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
 	key := client.ObjectKeyFromObject(pol)
-	if !controllerutil.ContainsFinalizer(pol, Finalizer) {
-		return ctrl.Result{}, nil
-	}
 	if err := r.releaseAll(ctx, pol, nil); err != nil {
 		reconcileErrors.WithLabelValues(ReasonAPIError).Inc()
 		return ctrl.Result{}, err
 	}
-	r.releaseFleet(ctx, pol)
+	if pol.Annotations[AnnotationSkipRedisRelease] == "true" {
+		log.Info("Removing the finalizer without releasing the fleet in Redis, as the policy's annotation asks", "annotation", AnnotationSkipRedisRelease)
+		r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, EventReleaseSkipped, "Delete",
+			"Removed the finalizer without publishing full capacity to Redis (%s); workers keep whatever Redis holds for the policy", AnnotationSkipRedisRelease)
+	} else if err := r.releaseFleet(ctx, pol); err != nil {
+		reconcileErrors.WithLabelValues(ReasonRedisUnavailable).Inc()
+		after := jitter(r.backoff.When(key))
+		log.Info("Failed to release the fleet in Redis; keeping the finalizer and retrying", "retryAfter", after, "error", err.Error())
+		r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, EventReleaseFailed, "Delete",
+			"Could not publish full capacity for the deleted policy, retrying; the finalizer stays until it is published (or %s=true): %s", AnnotationSkipRedisRelease, err.Error())
+		r.setCondition(pol, releasePendingCondition(err))
+		return ctrl.Result{RequeueAfter: after}, nil
+	} else {
+		r.Recorder.Eventf(pol, nil, corev1.EventTypeNormal, EventReleased, "Delete", "Published the deleted policy's fleet Closed at full capacity")
+	}
 
 	patch := client.MergeFromWithOptions(pol.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	controllerutil.RemoveFinalizer(pol, Finalizer)
-	if err := r.Client.Patch(ctx, pol, patch); err != nil {
+	if err := r.Client.Patch(ctx, pol, patch); err != nil && !apierrors.IsNotFound(err) {
+		// Not found: a reconcile before this one, seen through a stale cache,
+		// already removed the finalizer and the policy is gone.
 		reconcileErrors.WithLabelValues(ReasonKubernetesAPI).Inc()
 		return ctrl.Result{}, fmt.Errorf("failed to remove the finalizer from %s: %w", key, err)
 	}
@@ -348,43 +433,42 @@ func (r *DependencyPolicyReconciler) reconcileDelete(ctx context.Context, pol *s
 	return ctrl.Result{}, nil
 }
 
-// releaseFleet publishes Closed at full capacity for a deleted policy, so no
-// fleet stays held at the limit of an outage by a policy that no longer
-// exists (workers refuse to call a dependency with no state in Redis, so the
-// state is left in place rather than deleted). It is best effort: a failure
-// is reported as a Warning Event and does not hold the deletion.
-func (r *DependencyPolicyReconciler) releaseFleet(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy) {
-	err := func() error {
-		params, err := policy.FromSpec(pol.Spec)
-		if err != nil {
-			return err
-		}
-		pc, err := protocol.NewClient(r.Redis, protocol.Dependency{Namespace: pol.Namespace, Name: pol.Name})
-		if err != nil {
-			return err
-		}
-		rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
-		defer cancel()
-		prev, found, err := pc.ReadPublished(rctx)
-		if err != nil || !found {
-			return err
-		}
-		now := r.Clock.Now()
-		next := prev
-		next.State, next.Limit, next.Capacity = protocol.Closed, params.Capacity, params.Capacity
-		next.OpenUntil, next.BreakerSince = time.Time{}, now
-		next.RampStep, next.RampStepStarted = len(params.Ramp.Steps)-1, now
-		// Two past the stored epoch: an evaluation still in flight, which
-		// would publish at most one past it, is refused.
-		next.Epoch = prev.Epoch + 2
-		_, err = pc.Publish(rctx, next)
-		return err
-	}()
+// releaseFleet publishes releasedState for a deleted policy.
+func (r *DependencyPolicyReconciler) releaseFleet(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy) error {
+	params, paramsErr := policy.FromSpec(pol.Spec)
+	pc, err := protocol.NewClient(r.Redis, protocol.Dependency{Namespace: pol.Namespace, Name: pol.Name})
 	if err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "Failed to release the fleet in Redis; workers keep the last published limit")
-		r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, ReasonRedisUnavailable, "Delete",
-			"Could not publish full capacity for the deleted policy; workers keep the last published limit: %s", err.Error())
+		return err
 	}
+	// An evaluation still in flight may publish between the read and the
+	// write, and the sequence fence then refuses the release: read again and
+	// retry, a few times, before reporting it (the caller retries with
+	// backoff).
+	for attempt := 1; ; attempt++ {
+		err := r.publishRelease(ctx, pc, params, paramsErr)
+		if err == nil || attempt == 3 || !(errors.Is(err, protocol.ErrStaleSequence) || errors.Is(err, protocol.ErrStaleEpoch)) {
+			return err
+		}
+	}
+}
+
+// publishRelease reads the state with Redis's time and publishes it Closed at
+// full capacity, fenced by the sequence it read.
+func (r *DependencyPolicyReconciler) publishRelease(ctx context.Context, pc *protocol.Client, params policy.Params, paramsErr error) error {
+	rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
+	defer cancel()
+	prev, found, now, err := pc.ReadPublishedAt(rctx)
+	if err != nil {
+		return err
+	}
+	next, err := releasedState(params, paramsErr, prev, found, now)
+	if err != nil {
+		return err
+	}
+	if _, err := pc.Publish(rctx, next); err != nil {
+		return err
+	}
+	return nil
 }
 
 // patchStatus writes pol's status when it differs from base in a way worth a

@@ -60,8 +60,8 @@ func TestOutageRecoveryAndRelease(t *testing.T) {
 	g.Expect(render.Annotations).To(HaveKeyWithValue(AnnotationOriginalReplicas, `{"min":2,"max":80}`))
 	g.Expect(render.Annotations).To(HaveKeyWithValue(AnnotationOwner, "template-api"))
 	g.Expect(getScaledObject(g, ns, "thumbs").Annotations).To(HaveKeyWithValue(AnnotationOriginalReplicas, `{"min":null,"max":10}`))
-	g.Expect(fieldsOf(render, FieldManager)).To(MatchJSON(`{"f:spec":{"f:maxReplicaCount":{},"f:minReplicaCount":{}}}`),
-		"the field manager owns min and max and nothing else")
+	g.Expect(fieldsOf(render, FieldManager)).To(MatchJSON(`{"f:metadata":{"f:annotations":{"f:spillway.dev/original-replicas":{},"f:spillway.dev/owner":{}}},"f:spec":{"f:maxReplicaCount":{},"f:minReplicaCount":{}}}`),
+		"the field manager owns min, max and its annotations, and nothing else")
 
 	// Failures through Acquire and Release open the breaker within two
 	// evaluation intervals.
@@ -258,14 +258,23 @@ func TestBadConsumersDoNotBlockOthers(t *testing.T) {
 	g.Eventually(conditionOf(ns, "notarget", ConditionConsumersBounded)).Should(Equal("False/ScaleTargetNotFound"))
 	g.Eventually(conditionOf(ns, "healthy", ConditionConsumersBounded)).Should(Equal("True/Bounded"))
 	g.Eventually(replicasOf(ns, "ok")).Should(Equal("min=unset max=40"))
+	// Each policy is evaluated and published; READY is True only for the one
+	// whose consumers are bounded, and says why for the others.
 	for _, name := range []string{"missing", "noscale", "notarget", "healthy"} {
-		g.Eventually(conditionOf(ns, name, ConditionReady)).Should(Equal("True/Evaluated"), name)
+		g.Eventually(newWorker(t, srv, ns, name).stateLimit()).Should(Equal("Closed/40"), name)
 	}
+	g.Eventually(conditionOf(ns, "healthy", ConditionReady)).Should(Equal("True/Evaluated"))
+	g.Eventually(conditionOf(ns, "missing", ConditionReady)).Should(Equal("False/ScaledObjectNotFound"))
+	g.Eventually(conditionOf(ns, "noscale", ConditionReady)).Should(Equal("False/NoScaleSubresource"))
+	g.Eventually(conditionOf(ns, "notarget", ConditionReady)).Should(Equal("False/ScaleTargetNotFound"))
+	g.Expect(conditionIn(getPolicy(g, ns, "missing"), ConditionReady).Message).To(
+		And(ContainSubstring("Published state Closed with limit 40"), ContainSubstring("absent:")))
 	g.Expect(conditionIn(getPolicy(g, ns, "noscale"), ConditionConsumersBounded).Message).To(ContainSubstring("cm: scale target ConfigMap settings (v1) has no scale subresource"))
 
 	// A second policy naming a bounded ScaledObject is a conflict, not a fight.
 	createPolicy(t, ns, "greedy", testSpec("ok"))
 	g.Eventually(conditionOf(ns, "greedy", ConditionConsumersBounded)).Should(Equal("False/Conflict"))
+	g.Eventually(conditionOf(ns, "greedy", ConditionReady)).Should(Equal("False/Conflict"))
 	g.Consistently(func(g Gomega) string {
 		return getScaledObject(g, ns, "ok").Annotations[AnnotationOwner]
 	}).Should(Equal("healthy"))
@@ -280,6 +289,7 @@ func TestBadConsumersDoNotBlockOthers(t *testing.T) {
 	createDeployment(t, ns, "late", 1)
 	createScaledObject(t, ns, "absent", deployment("late"), nil, ptr.To[int32](5))
 	g.Eventually(conditionOf(ns, "missing", ConditionConsumersBounded)).Should(Equal("True/Bounded"))
+	g.Eventually(conditionOf(ns, "missing", ConditionReady)).Should(Equal("True/Evaluated"))
 	g.Eventually(replicasOf(ns, "absent")).Should(Equal("min=unset max=5"))
 }
 

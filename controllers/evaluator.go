@@ -32,6 +32,8 @@ type evaluation struct {
 	// At is when the evaluation ran, by the controller's clock. Only status
 	// uses it; the evaluation decides by Redis time.
 	At time.Time
+	// Generation is the policy's generation the evaluation ran for.
+	Generation int64
 	// Err is why the evaluation failed, nil when it published.
 	Err error
 }
@@ -61,10 +63,11 @@ func (r *DependencyPolicyReconciler) Evaluate(ctx context.Context, req ctrl.Requ
 	params, err := policy.FromSpec(pol.Spec)
 	if err != nil {
 		// The policy reconciler reports it; a new spec brings the policy back.
-		return ctrl.Result{}, nil
+		return r.evaluateInvalid(ctx, pol, err)
 	}
 
 	ev := r.evaluate(ctx, pol, params, r.Clock.Now())
+	ev.Generation = pol.Generation
 	changed := r.remember(key, ev)
 	if changed {
 		r.trigger(pol)
@@ -201,9 +204,10 @@ func (r *DependencyPolicyReconciler) evaluate(ctx context.Context, pol *spillway
 }
 
 // remember stores ev as the policy's last evaluation and reports whether it
-// changes what status shows: the first evaluation, a new state, limit, step
-// or epoch, or a failure starting, ending or changing its reason. A failed
-// evaluation keeps the last published state.
+// changes what status shows: the first evaluation, a new generation, a new
+// state, limit, step or epoch, or a failure starting, ending or changing its
+// reason. A failed evaluation that published nothing keeps the last
+// published state.
 func (r *DependencyPolicyReconciler) remember(key types.NamespacedName, ev evaluation) bool {
 	v, ok := r.evaluations.Load(key)
 	if !ok {
@@ -211,15 +215,16 @@ func (r *DependencyPolicyReconciler) remember(key types.NamespacedName, ev evalu
 		return true
 	}
 	prev := v.(evaluation)
-	if ev.Err != nil {
+	published := ev.Published.State != ""
+	if !published {
 		ev.Published, ev.Window = prev.Published, prev.Window
 	}
 	r.evaluations.Store(key, ev)
-	if evalReason(prev.Err) != evalReason(ev.Err) {
+	if evalReason(prev.Err) != evalReason(ev.Err) || prev.Generation != ev.Generation {
 		return true
 	}
 	p, n := prev.Published, ev.Published
-	return ev.Err == nil && (p.State != n.State || p.Limit != n.Limit || p.RampStep != n.RampStep || p.Epoch != n.Epoch)
+	return published && (p.State != n.State || p.Limit != n.Limit || p.RampStep != n.RampStep || p.Epoch != n.Epoch)
 }
 
 // lastEvaluation is the policy's last evaluation, if any since the manager

@@ -56,7 +56,7 @@ func TestEvaluatorDecidesByRedisTime(t *testing.T) {
 					seen = append(seen, s)
 				}
 				return s
-			}).WithPolling(10 * time.Millisecond).Should(Equal("Closed/40"))
+			}).WithPolling(10*time.Millisecond).Should(Equal("Closed/40"), func() string { return fmt.Sprintf("states seen: %v", seen) })
 			g.Expect(seen).NotTo(ContainElement("Open/0"), "the failures that opened the breaker reopened it: %v", seen)
 
 			ev, ok := r.lastEvaluation(types.NamespacedName{Namespace: ns, Name: "billing"})

@@ -56,9 +56,11 @@ type DependencyPolicySpec struct {
 	Consumers []Consumer `json:"consumers,omitempty"`
 
 	// pinMinReplicasDuringOutage keeps each consumer's minReplicaCount at the
-	// replicas its workload had when the outage began, while the breaker is Open
-	// or HalfOpen, so the autoscaler neither scales in during the outage nor
-	// meets the recovery with too few pods. Defaults to true.
+	// replicas its workload had when the outage began, while the state is Open,
+	// HalfOpen or Ramping, so the autoscaler neither scales in during the outage
+	// nor during the ramp (when throttled workers look idle), and the ramp does
+	// not reach full capacity with too few pods. The user's minimum comes back
+	// when the state is Closed. Defaults to true.
 	// +kubebuilder:default=true
 	// +optional
 	PinMinReplicasDuringOutage *bool `json:"pinMinReplicasDuringOutage,omitempty"`
@@ -72,9 +74,11 @@ type Capacity struct {
 	// +required
 	Concurrency int32 `json:"concurrency"`
 
-	// ratePerSecond is the number of calls per second the whole fleet may start.
-	// When omitted, only concurrency limits the fleet.
+	// ratePerSecond is the number of calls per second the whole fleet may start,
+	// at most 1000000 (workers space calls in whole microseconds). When
+	// omitted, only concurrency limits the fleet.
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000
 	// +optional
 	RatePerSecond *int32 `json:"ratePerSecond,omitempty"`
 }
@@ -95,9 +99,11 @@ type Ramp struct {
 	Steps []int32 `json:"steps,omitempty"`
 
 	// stepDuration is how long the breaker must stay closed at one step before
-	// the limit moves up to the next. Defaults to 1m.
+	// the limit moves up to the next, between 1s and 24h. Defaults to 1m.
 	// +kubebuilder:default="1m"
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="must be at least 1s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('24h')",message="stepDuration must be a duration between 1s and 24h, such as 1m or 90s"
 	// +optional
 	StepDuration metav1.Duration `json:"stepDuration,omitzero"`
 }
@@ -116,23 +122,28 @@ type Breaker struct {
 
 	// minCalls is the number of calls the window must hold before the failure
 	// ratio can open the breaker, so a handful of failures at low traffic does
-	// not. Defaults to 20.
+	// not. At most 1000000. Defaults to 20.
 	// +kubebuilder:default=20
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000
 	// +optional
 	MinCalls int32 `json:"minCalls,omitempty"`
 
 	// window is how far back the controller counts calls and failures, between
 	// 1s and 1h, rounded up to whole seconds. Defaults to 30s.
 	// +kubebuilder:default="30s"
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="must be between 1s and 1h"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="window must be a duration between 1s and 1h, such as 30s"
 	// +optional
 	Window metav1.Duration `json:"window,omitzero"`
 
 	// openDuration is how long the breaker stays open, with no calls admitted,
-	// before it lets probe calls through. Defaults to 60s.
+	// before it lets probe calls through, between 1s and 24h. Defaults to 60s.
 	// +kubebuilder:default="60s"
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="must be at least 1s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('24h')",message="openDuration must be a duration between 1s and 24h, such as 60s"
 	// +optional
 	OpenDuration metav1.Duration `json:"openDuration,omitzero"`
 
@@ -169,7 +180,9 @@ type RetryBudget struct {
 	// window is how far back calls and retries are counted, between 1s and 1h,
 	// rounded up to whole seconds. Defaults to 60s.
 	// +kubebuilder:default="60s"
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="must be between 1s and 1h"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="window must be a duration between 1s and 1h, such as 60s"
 	// +optional
 	Window metav1.Duration `json:"window,omitzero"`
 }
@@ -192,18 +205,23 @@ const (
 // Backoff is capped exponential backoff: the ceiling for attempt n is
 // min(max, base × 2^(n-1)).
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.base) || !has(self.max) || duration(self.base) <= duration(self.max)",message="backoff.base must be at most backoff.max"
+// +kubebuilder:validation:XValidation:rule="!has(self.base) || !has(self.max) || !self.base.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || !self.max.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') || duration(self.base) <= duration(self.max)",message="backoff.base must be at most backoff.max"
 type Backoff struct {
-	// base is the ceiling after the first failed attempt. Defaults to 1s.
+	// base is the ceiling after the first failed attempt, between 1ms and 24h
+	// and at most max. Defaults to 1s.
 	// +kubebuilder:default="1s"
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1ms')",message="must be at least 1ms"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') && duration(self) >= duration('1ms') && duration(self) <= duration('24h')",message="base must be a duration between 1ms and 24h, such as 1s or 500ms"
 	// +optional
 	Base metav1.Duration `json:"base,omitzero"`
 
 	// max caps the ceiling, at most 24h; it is also the base of the parking
 	// delay used over the retry budget. Defaults to 5m.
 	// +kubebuilder:default="5m"
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1ms') && duration(self) <= duration('24h')",message="must be between 1ms and 24h"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') && duration(self) >= duration('1ms') && duration(self) <= duration('24h')",message="max must be a duration between 1ms and 24h, such as 5m"
 	// +optional
 	Max metav1.Duration `json:"max,omitzero"`
 
@@ -224,16 +242,18 @@ type Consumer struct {
 	ScaledObjectName string `json:"scaledObjectName"`
 
 	// slotsPerReplica is the number of concurrent calls one replica of the
-	// workload makes to the dependency. Defaults to 1.
+	// workload makes to the dependency, at most 10000. Defaults to 1.
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
 	// +optional
 	SlotsPerReplica int32 `json:"slotsPerReplica,omitempty"`
 
 	// weight is this consumer's share of the capacity relative to the other
-	// consumers. Defaults to 1.
+	// consumers, at most 1000. Defaults to 1.
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
 	// +optional
 	Weight int32 `json:"weight,omitempty"`
 }
@@ -280,7 +300,7 @@ type ObservedWindow struct {
 // DependencyPolicyStatus is the state the controller last decided.
 type DependencyPolicyStatus struct {
 	// observedGeneration is the generation of the spec the controller last
-	// acted on.
+	// acted on: published to Redis, or found unusable (Stalled).
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
@@ -306,7 +326,8 @@ type DependencyPolicyStatus struct {
 	// +optional
 	Window ObservedWindow `json:"window,omitempty"`
 
-	// conditions are Ready, BreakerOpen, Ramping and ConsumersBounded.
+	// conditions are Ready, BreakerOpen, Ramping, ConsumersBounded and, while
+	// the spec cannot be used, Stalled.
 	// +listType=map
 	// +listMapKey=type
 	// +kubebuilder:validation:MaxItems=16

@@ -180,7 +180,7 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 	}, {
 		name: "stepDuration 0s",
 		spec: "capacity: {concurrency: 40}\nramp: {stepDuration: 0s}",
-		want: []string{"spec.ramp.stepDuration", "must be at least 1s"},
+		want: []string{"spec.ramp.stepDuration", "stepDuration must be a duration between 1s and 24h"},
 	}, {
 		name: "failureRatio 0",
 		spec: "capacity: {concurrency: 40}\nbreaker: {failureRatio: 0}",
@@ -196,15 +196,15 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 	}, {
 		name: "breaker window 0s",
 		spec: "capacity: {concurrency: 40}\nbreaker: {window: 0s}",
-		want: []string{"spec.breaker.window", "must be between 1s and 1h"},
+		want: []string{"spec.breaker.window", "window must be a duration between 1s and 1h"},
 	}, {
 		name: "breaker window above 1h",
 		spec: "capacity: {concurrency: 40}\nbreaker: {window: 61m}",
-		want: []string{"spec.breaker.window", "must be between 1s and 1h"},
+		want: []string{"spec.breaker.window", "window must be a duration between 1s and 1h"},
 	}, {
 		name: "openDuration negative",
 		spec: "capacity: {concurrency: 40}\nbreaker: {openDuration: -5s}",
-		want: []string{"spec.breaker.openDuration", "must be at least 1s"},
+		want: []string{"spec.breaker.openDuration", "openDuration must be a duration between 1s and 24h"},
 	}, {
 		name: "halfOpenProbes 0",
 		spec: "capacity: {concurrency: 40}\nbreaker: {halfOpenProbes: 0}",
@@ -224,11 +224,11 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 	}, {
 		name: "retryBudget window unparsable",
 		spec: "capacity: {concurrency: 40}\nretryBudget: {window: abc}",
-		want: []string{"spec.retryBudget.window", "must be between 1s and 1h"},
+		want: []string{"spec.retryBudget.window", "window must be a duration between 1s and 1h"},
 	}, {
 		name: "backoff base 0s",
 		spec: "capacity: {concurrency: 40}\nbackoff: {base: 0s}",
-		want: []string{"spec.backoff.base", "must be at least 1ms"},
+		want: []string{"spec.backoff.base", "base must be a duration between 1ms and 24h"},
 	}, {
 		name: "backoff base above max",
 		spec: "capacity: {concurrency: 40}\nbackoff: {base: 10m, max: 5m}",
@@ -240,7 +240,7 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 	}, {
 		name: "backoff max above 24h",
 		spec: "capacity: {concurrency: 40}\nbackoff: {max: 25h}",
-		want: []string{"spec.backoff.max", "must be between 1ms and 24h"},
+		want: []string{"spec.backoff.max", "max must be a duration between 1ms and 24h"},
 	}, {
 		name: "unknown jitter mode",
 		spec: "capacity: {concurrency: 40}\nbackoff: {jitter: Random}",
@@ -282,6 +282,50 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: Email_Render}",
 		want: []string{"spec.consumers[0].scaledObjectName", "should match"},
 	}, {
+		name: "consumer weight above 1000",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: workers, weight: 1001}",
+		want: []string{"spec.consumers[0].weight", "should be less than or equal to 1000"},
+	}, {
+		name: "consumer slotsPerReplica above 10000",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: workers, slotsPerReplica: 10001}",
+		want: []string{"spec.consumers[0].slotsPerReplica", "should be less than or equal to 10000"},
+	}, {
+		name: "ratePerSecond above 1000000",
+		spec: "capacity: {concurrency: 40, ratePerSecond: 1000001}",
+		want: []string{"spec.capacity.ratePerSecond", "should be less than or equal to 1000000"},
+	}, {
+		name: "minCalls above 1000000",
+		spec: "capacity: {concurrency: 40}\nbreaker: {minCalls: 1000001}",
+		want: []string{"spec.breaker.minCalls", "should be less than or equal to 1000000"},
+	}, {
+		name: "openDuration above 24h",
+		spec: "capacity: {concurrency: 40}\nbreaker: {openDuration: 25h}",
+		want: []string{"spec.breaker.openDuration", "openDuration must be a duration between 1s and 24h"},
+	}, {
+		name: "stepDuration above 24h",
+		spec: "capacity: {concurrency: 40}\nramp: {stepDuration: 25h}",
+		want: []string{"spec.ramp.stepDuration", "stepDuration must be a duration between 1s and 24h"},
+	}, {
+		name: "stepDuration unparsable",
+		spec: "capacity: {concurrency: 40}\nramp: {stepDuration: 1 minute}",
+		want: []string{"spec.ramp.stepDuration", "stepDuration must be a duration between 1s and 24h, such as 1m or 90s"},
+	}, {
+		name: "breaker window unparsable",
+		spec: "capacity: {concurrency: 40}\nbreaker: {window: 30 seconds}",
+		want: []string{"spec.breaker.window", "window must be a duration between 1s and 1h"},
+	}, {
+		name: "openDuration unparsable",
+		spec: "capacity: {concurrency: 40}\nbreaker: {openDuration: soon}",
+		want: []string{"spec.breaker.openDuration", "openDuration must be a duration between 1s and 24h"},
+	}, {
+		name: "backoff base unparsable",
+		spec: "capacity: {concurrency: 40}\nbackoff: {base: 1sec}",
+		want: []string{"spec.backoff.base", "base must be a duration between 1ms and 24h"},
+	}, {
+		name: "backoff max unparsable",
+		spec: "capacity: {concurrency: 40}\nbackoff: {max: five minutes}",
+		want: []string{"spec.backoff.max", "max must be a duration between 1ms and 24h"},
+	}, {
 		name: "consumer without scaledObjectName",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {weight: 2}",
 		want: []string{"spec.consumers[0].scaledObjectName", "Required value"},
@@ -298,9 +342,12 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 			for _, want := range tc.want {
 				g.Expect(err.Error()).To(ContainSubstring(want))
 			}
-			// A rule that fails to evaluate is not a rule that holds.
+			// A rule that fails to evaluate is not a rule that holds, and its
+			// error says nothing a person can act on.
 			g.Expect(err.Error()).NotTo(ContainSubstring("compilation failed"))
 			g.Expect(err.Error()).NotTo(ContainSubstring("no such key"))
+			g.Expect(err.Error()).NotTo(ContainSubstring("type conversion"))
+			g.Expect(err.Error()).NotTo(ContainSubstring("evaluation error"))
 
 			// Nothing half-valid was stored.
 			err = env.Client.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: name}, &spillwayv1alpha1.DependencyPolicy{})
@@ -545,4 +592,21 @@ func TestTypedCreateGetsDefaults(t *testing.T) {
 	g.Expect(p.Spec.Breaker.HalfOpenProbes).To(Equal(int32(3)))
 	g.Expect(p.Spec.Backoff.Max.Duration).To(Equal(5 * time.Minute))
 	g.Expect(p.Spec.Ramp.StepDuration.Duration).To(Equal(time.Minute))
+}
+
+// Every maximum is accepted, and so are durations however Go writes them:
+// the limits refuse only what is out of range.
+func TestMaximaAreAccepted(t *testing.T) {
+	g := NewWithT(t)
+	ns := newNamespace(t)
+	spec := `capacity: {concurrency: 2147483647, ratePerSecond: 1000000}
+ramp: {stepDuration: 24h0m0s}
+breaker: {minCalls: 1000000, window: 1h, openDuration: 23h59m60s}
+retryBudget: {window: 0.5h}
+backoff: {base: 1.5ms, max: 24h}
+consumers:
+- {scaledObjectName: a, weight: 1000, slotsPerReplica: 10000}
+- {scaledObjectName: b, weight: 1000, slotsPerReplica: 10000}
+- {scaledObjectName: c, weight: 1000, slotsPerReplica: 10000}`
+	g.Expect(env.Client.Create(t.Context(), policyFromSpec(t, ns, "maxima", spec))).To(Succeed())
 }

@@ -154,3 +154,21 @@ func TestLeaseExpiredDuringAnOutageCancelsTheCall(t *testing.T) {
 	g.Expect(w.Failures+w.Timeouts).To(BeZero(), "a lost lease is not the dependency's failure")
 	g.Expect(w.RetriesGranted + w.BudgetRefused).To(BeZero())
 }
+
+// A caller that cancels while Acquire waits for a slot gets its own
+// cancellation back, not a throttled refusal.
+func TestCancelWhileWaitingForASlotIsTheCallers(t *testing.T) {
+	g := NewWithT(t)
+	rdb := fastClient(redistest.Start(t))
+	publish(t, rdb, defaultPublished(1))
+	gd := newGuard(t, rdb, guard.Options{WaitForSlot: true})
+	held, err := gd.Acquire(t.Context(), guard.Job{})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = held.Done(nil) }()
+
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	_, err = gd.Acquire(ctx, guard.Job{})
+	g.Expect(errors.Is(err, context.Canceled)).To(BeTrue(), "got %v", err)
+	g.Expect(errors.Is(err, guard.ErrThrottled)).To(BeFalse())
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/guard"
+	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
 // ghostBound is the target: an acquisition whose reply was never read
@@ -83,12 +85,12 @@ func admittedWithin(t *testing.T, gd *guard.Guard, n int, since time.Time, bound
 
 // An acquisition queued behind a slow command times out in the client but
 // runs in Redis afterwards; its lease must not hold the only slot for the
-// lease TTL. Once the guard has seen a reply, the request carries a deadline
-// and Redis refuses it; the very first request has none, and the forgetter
-// removes its lease.
+// lease TTL. The request carries a deadline and Redis refuses it: once the
+// guard has seen a reply, from its estimate of Redis's clock; for the very
+// first request, from the local wall clock.
 func TestAcquireThatTimedOutBehindASlowCommandLeavesNoGhost(t *testing.T) {
 	for _, warm := range []bool{true, false} {
-		t.Run(map[bool]string{true: "deadline", false: "first request"}[warm], func(t *testing.T) {
+		t.Run(map[bool]string{true: "estimated deadline", false: "first request"}[warm], func(t *testing.T) {
 			g := NewWithT(t)
 			srv := debugServer(t)
 			rdb := fastClient(srv)
@@ -104,12 +106,12 @@ func TestAcquireThatTimedOutBehindASlowCommandLeavesNoGhost(t *testing.T) {
 				g.Expect(newGuard(t, rdb, guard.Options{}).Do(t.Context(), guard.Job{}, ok)).To(Succeed())
 			}
 
-			answered := stall(t, srv, 500*time.Millisecond)
+			answered := stall(t, srv, time.Second)
 			err := gd.Do(t.Context(), guard.Job{}, ok)
 			wantDecision(t, err, guard.ActionDefer, guard.ErrRedisUnavailable)
 			<-answered
 			took := admittedWithin(t, gd, 1, time.Now(), ghostBound)
-			t.Logf("slot free again %v after Redis answered (DEBUG SLEEP 500ms)", took.Round(time.Millisecond))
+			t.Logf("slot free again %v after Redis answered (DEBUG SLEEP 1s)", took.Round(time.Millisecond))
 			g.Expect(testutil.ToFloat64(counter(t, reg, "spillway_worker_unread_leases_total", "result", "queued"))).To(Equal(1.0))
 			g.Eventually(func() float64 {
 				return testutil.ToFloat64(counter(t, reg, "spillway_worker_unread_leases_total", "result", "forgotten"))
@@ -119,30 +121,136 @@ func TestAcquireThatTimedOutBehindASlowCommandLeavesNoGhost(t *testing.T) {
 }
 
 // A caller that gives up on a stalled acquisition gets its own cancellation
-// back, the guard counts no Redis error, and no ghost lease is left.
+// back, the guard counts no Redis error, and no ghost lease is left: whether
+// the reply comes after RedisTimeout (never read) or before it (read after
+// the cancel, and the slot given back at once).
 func TestAcquireCancelledWhileStalledLeavesNoGhost(t *testing.T) {
-	g := NewWithT(t)
-	srv := debugServer(t)
-	rdb := fastClient(srv)
-	publish(t, rdb, defaultPublished(1))
-	reg := prometheus.NewRegistry()
-	// RedisTimeout well past the cancel, so that the cancel ends the wait.
-	gd := newGuard(t, rdb, guard.Options{RedisTimeout: 300 * time.Millisecond, Registerer: reg})
-	g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed())
+	for _, timeout := range []time.Duration{300 * time.Millisecond, 3 * time.Second} {
+		t.Run("RedisTimeout="+timeout.String(), func(t *testing.T) {
+			g := NewWithT(t)
+			srv := debugServer(t)
+			rdb := fastClient(srv)
+			publish(t, rdb, defaultPublished(1))
+			reg := prometheus.NewRegistry()
+			// RedisTimeout well past the cancel, so that the cancel ends the wait.
+			gd := newGuard(t, rdb, guard.Options{RedisTimeout: timeout, Registerer: reg})
+			g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed())
 
-	answered := stall(t, srv, 500*time.Millisecond)
-	ctx, cancel := context.WithCancel(t.Context())
-	time.AfterFunc(20*time.Millisecond, cancel)
-	err := gd.Do(ctx, guard.Job{}, ok)
-	if !errors.Is(err, context.Canceled) || errors.Is(err, guard.ErrRedisUnavailable) {
-		t.Errorf("cancelled acquisition returned %v, want the caller's context.Canceled", err)
+			answered := stall(t, srv, time.Second)
+			ctx, cancel := context.WithCancel(t.Context())
+			time.AfterFunc(20*time.Millisecond, cancel)
+			called := false
+			err := gd.Do(ctx, guard.Job{}, func(context.Context) error { called = true; return nil })
+			if !errors.Is(err, context.Canceled) || errors.Is(err, guard.ErrRedisUnavailable) {
+				t.Errorf("cancelled acquisition returned %v, want the caller's context.Canceled", err)
+			}
+			if called {
+				t.Errorf("the function ran after its caller cancelled")
+			}
+			if n := testutil.ToFloat64(counter(t, reg, "spillway_worker_redis_errors_total")); n != 0 {
+				t.Errorf("a cancelled acquisition counted %v Redis errors, want 0", n)
+			}
+			<-answered
+			took := admittedWithin(t, gd, 1, time.Now(), ghostBound)
+			t.Logf("slot free again %v after Redis answered (cancelled 20ms into the stall)", took.Round(time.Millisecond))
+			w := window(t, rdb)
+			g.Expect(w.Calls).To(Equal(int64(2)), "the warm-up and the probe count; the cancelled call does not")
+			g.Expect(w.Failures + w.Timeouts).To(BeZero())
+		})
 	}
-	if n := testutil.ToFloat64(counter(t, reg, "spillway_worker_redis_errors_total")); n != 0 {
-		t.Errorf("a cancelled acquisition counted %v Redis errors, want 0", n)
+}
+
+// slowReplies is a TCP proxy in front of Redis that can hold Redis's replies
+// back while passing requests on at once: a worker whose replies arrive late
+// (a starved process, a slow network) although Redis ran its requests in time.
+// It can also lose requests, as a broken connection does.
+type slowReplies struct {
+	ln    net.Listener
+	delay atomic.Int64 // nanoseconds each reply chunk is held back
+	drop  atomic.Bool  // requests are discarded
+}
+
+func newSlowReplies(t *testing.T, target string) *slowReplies {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-	<-answered
-	took := admittedWithin(t, gd, 1, time.Now(), ghostBound)
-	t.Logf("slot free again %v after Redis answered (cancelled 20ms into the stall)", took.Round(time.Millisecond))
+	p := &slowReplies{ln: ln}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = client.Close()
+				continue
+			}
+			go func() {
+				defer func() { _ = server.Close() }()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := client.Read(buf)
+					if err != nil {
+						return
+					}
+					if p.drop.Load() {
+						continue
+					}
+					if _, err := server.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+			}()
+			go func() {
+				defer func() { _ = client.Close() }()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := server.Read(buf)
+					if err != nil {
+						return
+					}
+					time.Sleep(time.Duration(p.delay.Load()))
+					if _, err := client.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+// Redis runs an acquisition in time but its reply arrives after RedisTimeout:
+// the lease exists though no call holds it, and only the forgetter can
+// remove it.
+func TestAcquireWhoseReplyArrivedLateLeavesNoGhost(t *testing.T) {
+	g := NewWithT(t)
+	srv := redistest.Start(t)
+	direct := fastClient(srv)
+	publish(t, direct, defaultPublished(1))
+	proxy := newSlowReplies(t, srv.Addr())
+	viaProxy := redis.NewClient(&redis.Options{Addr: proxy.ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = viaProxy.Close() })
+	reg := prometheus.NewRegistry()
+	slow := newGuard(t, viaProxy, guard.Options{Registerer: reg})
+	g.Expect(slow.Do(t.Context(), guard.Job{}, ok)).To(Succeed(), "clock sampled")
+
+	proxy.delay.Store(int64(600 * time.Millisecond))
+	err := slow.Do(t.Context(), guard.Job{}, ok)
+	wantDecision(t, err, guard.ActionDefer, guard.ErrRedisUnavailable)
+	held := direct.ZCount(t.Context(), protocol.KeysFor(slow.Dependency()).Leases, "(0", "+inf").Val()
+	proxy.delay.Store(0)
+	answered := time.Now()
+	g.Expect(held).To(BeNumerically("<=", 1))
+	took := admittedWithin(t, newGuard(t, direct, guard.Options{}), 1, answered, ghostBound)
+	t.Logf("slot free again %v after replies came through again (reply held back 600ms; lease seen in Redis: %d)", took.Round(time.Millisecond), held)
+	g.Eventually(func() float64 {
+		return testutil.ToFloat64(counter(t, reg, "spillway_worker_unread_leases_total", "result", "forgotten"))
+	}).Should(BeNumerically(">=", 1))
 }
 
 // A fleet of goroutines keeps calling while redis-server is frozen with
@@ -236,4 +344,27 @@ func TestLateRefusalInTimeRetriesOnce(t *testing.T) {
 	g.Expect(late.Load()).To(BeTrue(), "the first acquisition was sent with a past deadline")
 	g.Expect(commandCalls(t, rdb)["evalsha"]).To(Equal(3), "refused as late, acquired again, released")
 	g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed(), "the slot was released")
+}
+
+// A release lost on the way to Redis leaves the lease held; the forgetter
+// frees it once requests get through again, not the lease TTL later.
+func TestReleaseThatNeverReachedRedisLeavesNoGhost(t *testing.T) {
+	g := NewWithT(t)
+	srv := redistest.Start(t)
+	direct := fastClient(srv)
+	publish(t, direct, defaultPublished(1))
+	proxy := newSlowReplies(t, srv.Addr())
+	viaProxy := redis.NewClient(&redis.Options{Addr: proxy.ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = viaProxy.Close() })
+	slow := newGuard(t, viaProxy, guard.Options{})
+
+	p, err := slow.Acquire(t.Context(), guard.Job{})
+	g.Expect(err).NotTo(HaveOccurred())
+	proxy.drop.Store(true)
+	g.Expect(p.Done(nil)).To(Succeed())
+	g.Expect(direct.ZCount(t.Context(), protocol.KeysFor(slow.Dependency()).Leases, "(0", "+inf").Val()).
+		To(Equal(int64(1)), "the release was lost: the lease is still held")
+	proxy.drop.Store(false)
+	took := admittedWithin(t, newGuard(t, direct, guard.Options{}), 1, time.Now(), ghostBound)
+	t.Logf("slot free again %v after requests got through again (release lost)", took.Round(time.Millisecond))
 }

@@ -461,11 +461,12 @@ func TestBadInputIsRefusedBeforeRedis(t *testing.T) {
 		g.Expect(err).To(HaveOccurred(), "dependency %q", d)
 	}
 	for name, opts := range map[string]guard.Options{
-		"LeaseTTL":      {LeaseTTL: -time.Second},
-		"RedisTimeout":  {RedisTimeout: -time.Millisecond},
-		"JobTTL":        {JobTTL: -time.Hour},
-		"MaxWait":       {MaxWait: -time.Second},
-		"FailOpenLimit": {FailOpenLimit: -1},
+		"LeaseTTL":        {LeaseTTL: -time.Second},
+		"RedisTimeout":    {RedisTimeout: -time.Millisecond},
+		"JobTTL":          {JobTTL: -time.Hour},
+		"MaxWait":         {MaxWait: -time.Second},
+		"FailOpenLimit":   {FailOpenLimit: -1},
+		"MaxCallLifetime": {MaxCallLifetime: -time.Minute},
 	} {
 		_, err := guard.New(rdb, dep, opts)
 		g.Expect(err).To(MatchError(ContainSubstring(name)))

@@ -221,11 +221,10 @@ func (p *Permit) release(outcome protocol.Outcome) {
 	_, err := g.proto.Release(ctx, p.member, p.probeEpoch, outcome, p.job.attempt())
 	cancel()
 	if err != nil {
+		// A renewal whose reply was lost may have run, so the lease may
+		// outlive p.expires: it lasts at most a TTL from now.
 		g.metrics.redisErrors.Inc()
-		p.mu.Lock()
-		expires := p.expires
-		p.mu.Unlock()
-		g.forget.add(unread{member: p.member, expires: expires})
+		g.forget.add(unread{member: p.member, expires: time.Now().Add(g.opts.LeaseTTL)})
 	}
 }
 

@@ -15,6 +15,10 @@ const offsetPeriod = 30 * time.Second
 // and of the deadline in requests.
 const deadlineSlack = 2 * time.Millisecond
 
+// bootstrapSkew is the clock skew between the worker and Redis tolerated
+// before the first reply, when the deadline comes from the local wall clock.
+const bootstrapSkew = time.Second
+
 // redisClock estimates Redis's time from the guard's monotonic clock, so that
 // each acquisition can carry the Redis time after which its caller no longer
 // waits for the reply (protocol.AcquireArgs.Deadline).
@@ -75,17 +79,23 @@ func (c *redisClock) reset(sent time.Duration, redisNow time.Time) {
 }
 
 // deadline is the Redis time by which a request sent at sent (local time)
-// must run for its reply to be read within wait; zero, meaning no deadline,
-// before the first reply.
-func (c *redisClock) deadline(sent, wait time.Duration) time.Time {
+// must run for its reply to be read within wait, and how long after the send
+// that is by the estimate: a lease the request takes expires at the latest a
+// lease TTL after that.
+//
+// Before the first reply there is no estimate: the deadline is the local
+// wall clock plus wait plus bootstrapSkew. A Redis clock behind the local one
+// by more than that refuses the request as late, and the reply teaches the
+// offset; one ahead only makes the deadline more generous.
+func (c *redisClock) deadline(sent, wait time.Duration) (time.Time, time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.known {
-		return time.Time{}
+		return time.Now().Add(wait + bootstrapSkew), wait + bootstrapSkew
 	}
 	off := c.cur
 	if c.hasPrev {
 		off = min(off, c.prev)
 	}
-	return time.Unix(0, int64(off+sent+wait+deadlineSlack))
+	return time.Unix(0, int64(off+sent+wait+deadlineSlack)), wait + deadlineSlack
 }

@@ -10,13 +10,17 @@ func TestRedisClockKeepsTheSmallestRecentOffset(t *testing.T) {
 	at := func(sent time.Duration, offset time.Duration) time.Time { return time.Unix(0, int64(sent+offset)) }
 	want := func(sent, offset time.Duration) {
 		t.Helper()
-		got := c.deadline(sent, 50*time.Millisecond)
+		got, after := c.deadline(sent, 50*time.Millisecond)
+		if after != 50*time.Millisecond+deadlineSlack {
+			t.Fatalf("deadline %v after the send, want %v", after, 50*time.Millisecond+deadlineSlack)
+		}
 		if w := at(sent, offset+50*time.Millisecond+deadlineSlack); !got.Equal(w) {
 			t.Fatalf("deadline at %v: got offset %v, want %v", sent, got.Sub(at(sent, 50*time.Millisecond+deadlineSlack)), offset)
 		}
 	}
-	if d := c.deadline(time.Second, time.Second); !d.IsZero() {
-		t.Fatalf("deadline before any reply: %v, want none", d)
+	// Before any reply: the local wall clock, with room for skew.
+	if d, after := c.deadline(time.Second, time.Second); after != time.Second+bootstrapSkew || d.Sub(time.Now()) > after || d.Sub(time.Now()) < after-time.Second {
+		t.Fatalf("deadline before any reply: %v (%v after the send), want about now + %v", d, after, time.Second+bootstrapSkew)
 	}
 	const base = 1000 * time.Hour // Redis's clock far ahead of the local one
 	c.observe(1*time.Second, at(1*time.Second, base+10*time.Millisecond))

@@ -225,5 +225,18 @@ func TestStaleOpenAdmitsProbes(t *testing.T) {
 		if a := mustAcquire(t, c, 30*time.Second); a.Code != protocol.RefusedOpen {
 			t.Fatalf("Open with the rule off = %+v, want open", a)
 		}
+
+		// A stale HalfOpen whose probes are spent admits probes at a time
+		// too: no manager reads their outcomes to start the next epoch.
+		p.State, p.Epoch, p.Limit = protocol.HalfOpen, 3, 1
+		mustPublish(t, c, p)
+		setState("stale_after_ms", 10_000, "half_open_probes", 3) // two calls from the stale Open still run
+		probe := mustAdmit(t, c, 30*time.Second)
+		mustRelease(t, c, probe, protocol.Success, 1)
+		if a := mustAcquire(t, c, 30*time.Second); a.Code != protocol.RefusedThrottled {
+			t.Fatalf("fresh HalfOpen with its probe spent = %+v, want throttled", a)
+		}
+		setState("updated_at_ms", redisNow(t, rdb).Add(-11*time.Second).UnixMilli())
+		mustAdmit(t, c, 30*time.Second)
 	})
 }

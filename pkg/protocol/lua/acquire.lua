@@ -30,22 +30,25 @@ end
 
 local state = st[2]
 local limit = math.floor(tonumber(st[3]) or 0)
-if state == 'Open' then
-  -- The dead-man rule: an Open that no manager has published for
-  -- stale_after_ms (the manager is dead, unschedulable or partitioned from
-  -- Redis) admits the policy's probes, at most half_open_probes calls in
-  -- flight, until a manager publishes again. The fleet then trickles at the
-  -- probe rate instead of refusing every call for as long as the manager is
-  -- gone.
+-- The dead-man rule: an Open or HalfOpen that no manager has published for
+-- stale_after_ms (the manager is dead, unschedulable or partitioned from
+-- Redis) admits the policy's probes, at most half_open_probes calls in
+-- flight, until a manager publishes again. The fleet then trickles at the
+-- probe rate instead of refusing every call for as long as the manager is
+-- gone (Open), or once the epoch's probes are spent (HalfOpen: nobody reads
+-- their outcomes to start the next epoch).
+local stale = false
+if state == 'Open' or state == 'HalfOpen' then
   local stale_after = tonumber(st[9]) or 0
   local updated = tonumber(st[8])
-  if stale_after > 0 and updated and now_ms > updated + stale_after then
-    limit = math.floor(tonumber(st[10]) or 1)
-    state = 'StaleOpen'
-  else
-    local until_ms = tonumber(st[7]) or now_ms
-    return {1, math.max(0, until_ms - now_ms), now_ms}
-  end
+  stale = stale_after > 0 and updated ~= nil and now_ms > updated + stale_after
+end
+if stale then
+  limit = math.floor(tonumber(st[10]) or 1)
+  state = 'Stale'
+elseif state == 'Open' then
+  local until_ms = tonumber(st[7]) or now_ms
+  return {1, math.max(0, until_ms - now_ms), now_ms}
 end
 
 local now_key = int(now_ms)

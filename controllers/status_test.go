@@ -1,0 +1,224 @@
+package controllers
+
+import (
+	"context"
+	"math"
+	"math/big"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/yaml"
+
+	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
+	"github.com/spillway-dev/spillway/config/crd"
+	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/pkg/protocol"
+)
+
+// TestObservedGenerationFollowsTheEvaluator: a spec change made while Redis
+// is hung is not observed until the evaluator has published it.
+func TestObservedGenerationFollowsTheEvaluator(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	srv := redistest.Start(t)
+	startManager(t, ns, managerRedis(srv), testOptions)
+	w := newWorker(t, srv, ns, "orders")
+	createPolicy(t, ns, "orders", testSpec())
+	g.Eventually(w.stateLimit()).Should(Equal("Closed/40"))
+	observed := func(g Gomega) int64 { return getPolicy(g, ns, "orders").Status.ObservedGeneration }
+	g.Eventually(observed).Should(Equal(int64(1)))
+
+	g.Expect(srv.Pause()).To(Succeed())
+	g.Eventually(conditionOf(ns, "orders", ConditionReady)).Should(Equal("False/RedisUnavailable"))
+	pol := getPolicy(g, ns, "orders")
+	patch := client.MergeFrom(pol.DeepCopy())
+	pol.Spec.Capacity.Concurrency = 80
+	g.Expect(env.Client.Patch(ctx, pol, patch)).To(Succeed())
+	g.Expect(pol.Generation).To(Equal(int64(2)))
+	g.Consistently(observed).WithTimeout(2*time.Second).Should(Equal(int64(1)),
+		"generation 2 is not observed while it cannot be published")
+
+	g.Expect(srv.Resume()).To(Succeed())
+	g.Eventually(observed).Should(Equal(int64(2)))
+	g.Expect(w.stateLimit()(g)).To(Equal("Closed/80"), "published before it was observed")
+	g.Eventually(conditionOf(ns, "orders", ConditionReady)).Should(Equal("True/Evaluated"))
+}
+
+// legacyMinCalls marks, in TestInvalidSpecStallsInASafeState, a spec as one
+// the API server stored under an older, looser schema: legacyClient reads a
+// policy whose breaker.minCalls is legacyMinCalls as minCalls 0, which the
+// current schema refuses and the controller cannot use.
+const legacyMinCalls = 999_999
+
+// legacyClient is the manager's client, reading policies marked with
+// legacyMinCalls with minCalls 0.
+type legacyClient struct{ client.Client }
+
+func (c legacyClient) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if err := c.Client.Get(ctx, key, obj, opts...); err != nil {
+		return err
+	}
+	if pol, ok := obj.(*spillwayv1alpha1.DependencyPolicy); ok && pol.Spec.Breaker.MinCalls == legacyMinCalls {
+		pol.Spec.Breaker.MinCalls = 0
+	}
+	return nil
+}
+
+// TestInvalidSpecStallsInASafeState: a policy whose spec became unusable
+// while its breaker was Open is Stalled, its new generation is observed, and
+// the fleet is published Closed at the capacity last published instead of
+// staying Open; a fixed spec runs the breaker again.
+func TestInvalidSpecStallsInASafeState(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	srv := redistest.Start(t)
+	startManagerWrapped(t, ns, managerRedis(srv), testOptions, func(c client.Client) client.Client { return legacyClient{c} })
+	w := newWorker(t, srv, ns, "legacy")
+	spec := testSpec()
+	spec.Breaker.OpenDuration.Duration = time.Minute
+	createPolicy(t, ns, "legacy", spec)
+	g.Eventually(w.stateLimit()).Should(Equal("Closed/40"))
+	w.report(g, minCalls, protocol.Failure)
+	g.Eventually(w.stateLimit()).Should(Equal("Open/0"))
+
+	pol := getPolicy(g, ns, "legacy")
+	patch := client.MergeFrom(pol.DeepCopy())
+	pol.Spec.Breaker.MinCalls = legacyMinCalls
+	g.Expect(env.Client.Patch(ctx, pol, patch)).To(Succeed())
+	g.Eventually(conditionOf(ns, "legacy", ConditionStalled)).Should(Equal("True/InvalidSpec"))
+	g.Eventually(conditionOf(ns, "legacy", ConditionReady)).Should(Equal("False/InvalidSpec"))
+	g.Eventually(func(g Gomega) int64 { return getPolicy(g, ns, "legacy").Status.ObservedGeneration }).Should(Equal(pol.Generation))
+	g.Eventually(w.stateLimit()).Should(Equal("Closed/40"), "not frozen Open")
+	g.Eventually(func(g Gomega) spillwayv1alpha1.BreakerState {
+		return getPolicy(g, ns, "legacy").Status.State
+	}).Should(Equal(spillwayv1alpha1.StateClosed))
+	g.Expect(w.admitted(g)).To(BeTrue())
+	g.Eventually(eventReasons(ns, "legacy")).Should(ContainElements(ReasonInvalidSpec, EventSafeState))
+
+	pol = getPolicy(g, ns, "legacy")
+	patch = client.MergeFrom(pol.DeepCopy())
+	pol.Spec.Breaker.MinCalls = minCalls
+	g.Expect(env.Client.Patch(ctx, pol, patch)).To(Succeed())
+	g.Eventually(conditionOf(ns, "legacy", ConditionStalled)).Should(Equal("absent"))
+	g.Eventually(conditionOf(ns, "legacy", ConditionReady)).Should(Equal("True/Evaluated"))
+	g.Eventually(func(g Gomega) int64 { return getPolicy(g, ns, "legacy").Status.ObservedGeneration }).Should(Equal(pol.Generation))
+	w.report(g, minCalls, protocol.Failure)
+	g.Eventually(w.stateLimit()).Should(Equal("Open/0"), "the breaker runs again")
+}
+
+// crdMaximum is the maximum the served schema sets on a property path
+// (dot-separated, "items" for a list's elements), or false.
+func crdMaximum(t *testing.T, path ...string) (float64, bool) {
+	t.Helper()
+	var def apiextensionsv1.CustomResourceDefinition
+	if err := yaml.Unmarshal(crd.DependencyPolicyCRD, &def); err != nil {
+		t.Fatalf("failed to parse the CRD: %v", err)
+	}
+	s := def.Spec.Versions[0].Schema.OpenAPIV3Schema
+	for _, p := range path {
+		if p == "items" {
+			s = s.Items.Schema
+			continue
+		}
+		prop, ok := s.Properties[p]
+		if !ok {
+			t.Fatalf("the CRD has no property %q in %v", p, path)
+		}
+		s = &prop
+	}
+	if s.Maximum == nil {
+		return 0, false
+	}
+	return *s.Maximum, true
+}
+
+// TestBoundsAtTheMaxima: with three consumers at every maximum the API
+// server accepts, and with random consumers anywhere within those maxima (up
+// to the 32 the list holds), Bounds is the exact floor(capacity × weight /
+// Σweights / slotsPerReplica), at least 1: nothing overflows.
+func TestBoundsAtTheMaxima(t *testing.T) {
+	g := NewWithT(t)
+	maximum := func(path ...string) int64 {
+		if m, ok := crdMaximum(t, path...); ok {
+			return int64(m)
+		}
+		return math.MaxInt32 // what the int32 field holds without one
+	}
+	capacity := maximum("spec", "capacity", "concurrency")
+	weight := maximum("spec", "consumers", "items", "weight")
+	slots := maximum("spec", "consumers", "items", "slotsPerReplica")
+	t.Logf("Maxima: concurrency %d, weight %d, slotsPerReplica %d", capacity, weight, slots)
+
+	check := func(c int64, consumers []spillwayv1alpha1.Consumer) {
+		total := big.NewInt(0)
+		for _, k := range consumers {
+			total.Add(total, big.NewInt(int64(k.Weight)))
+		}
+		got := Bounds(c, consumers)
+		for i, k := range consumers {
+			num := new(big.Int).Mul(big.NewInt(c), big.NewInt(int64(k.Weight)))
+			den := new(big.Int).Mul(total, big.NewInt(int64(k.SlotsPerReplica)))
+			want := min(max(new(big.Int).Quo(num, den).Int64(), 1), math.MaxInt32)
+			g.Expect(got[i]).To(Equal(int32(want)), "capacity %d, consumer %d of %+v", c, i, consumers)
+		}
+	}
+	at := func(w, s int64) spillwayv1alpha1.Consumer {
+		return spillwayv1alpha1.Consumer{Weight: int32(w), SlotsPerReplica: int32(s)}
+	}
+	for _, consumers := range [][]spillwayv1alpha1.Consumer{
+		{at(weight, slots), at(weight, slots), at(weight, slots)},
+		{at(weight, 1), at(1, slots), at(weight, slots)},
+		{at(weight, 1), at(1, 1), at(1, 1)},
+	} {
+		for _, c := range []int64{capacity, 1, 40} {
+			check(c, consumers)
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		consumers := make([]spillwayv1alpha1.Consumer, 1+rng.IntN(32))
+		for i := range consumers {
+			consumers[i] = at(1+rng.Int64N(weight), 1+rng.Int64N(slots))
+		}
+		check(1+rng.Int64N(capacity), consumers)
+	}
+}
+
+// startManagerWrapped is startManager with the reconciler's client, the
+// manager's, wrapped by wrap.
+func startManagerWrapped(t testing.TB, ns string, rdb redis.UniversalClient, opts Options, wrap func(client.Client) client.Client) {
+	t.Helper()
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatalf("failed to create the manager: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &DependencyPolicyReconciler{Client: wrap(mgr.GetClient()), Redis: rdb, Options: opts}
+	if err := r.SetupWithManager(ctx, mgr); err != nil {
+		cancel()
+		t.Fatalf("failed to set up the controller: %v", err)
+	}
+	m := &testManager{cancel: cancel, done: make(chan error, 1)}
+	go func() { m.done <- mgr.Start(ctx) }()
+	t.Cleanup(func() { m.stop(t) })
+}
