@@ -21,7 +21,7 @@ local st = redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
   'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
   'stale_after_ms', 'half_open_probes')
 if not st[1] then return {5} end
-if st[1] ~= '2' then return {6, tonumber(st[1]) or -1} end
+if st[1] ~= '3' then return {6, tonumber(st[1]) or -1} end
 
 if KEYS[5] then
   local newest = redis.call('GET', KEYS[5])
