@@ -56,7 +56,7 @@ envtest: ## Build kube-apiserver and etcd for envtest (cached in $(SPILLWAY_CACH
 	hack/setup-envtest.sh >/dev/null
 
 .PHONY: redis
-redis: ## Install redis-server from Debian's packages when it is missing.
+redis: ## Install redis-server and redis-sentinel from Debian's packages when they are missing.
 	hack/setup-redis.sh
 
 .PHONY: test
