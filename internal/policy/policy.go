@@ -24,7 +24,8 @@ type Params struct {
 	Ramp    ramp.Schedule
 	Backoff retry.Backoff
 	Budget  retry.Budget
-	// PinMinReplicas pins consumers' minReplicaCount while Open or HalfOpen.
+	// PinMinReplicas pins consumers' minReplicaCount while Open, HalfOpen or
+	// Ramping (the controller lets go once the ramp reaches full capacity).
 	PinMinReplicas bool
 }
 

@@ -57,7 +57,8 @@ func TestOutageReplay(t *testing.T) {
 	g.Expect(res.Stale).To(BeNumerically(">", 0), "past-deadline jobs were dropped")
 	g.Expect(res.Superseded).To(BeNumerically(">", 0), "superseded jobs were dropped")
 
-	// While the breaker is Open or HalfOpen the ScaledObject's minimum stays
+	// While the breaker is Open or HalfOpen (and through the ramp after it) the
+	// ScaledObject's minimum stays
 	// pinned at what the workload had when the outage began.
 	pinned := -1
 	for _, s := range res.Samples {
