@@ -58,8 +58,8 @@ func TestOutageReplay(t *testing.T) {
 	g.Expect(res.Superseded).To(BeNumerically(">", 0), "superseded jobs were dropped")
 
 	// While the breaker is Open or HalfOpen (and through the ramp after it) the
-	// ScaledObject's minimum stays
-	// pinned at what the workload had when the outage began.
+	// ScaledObject's minimum stays pinned at what the workload had when the
+	// outage began; the test checks the Open and HalfOpen samples.
 	pinned := -1
 	for _, s := range res.Samples {
 		g.Expect(s.MaxReplicas).To(BeNumerically("<=", bound), "the ScaledObject stays bounded to the capacity")
