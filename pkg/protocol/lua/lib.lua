@@ -67,9 +67,9 @@ local function sum(stats, from_s, to_s, names, roll)
 end
 
 -- One step of the sweep that prune starts when its cursor lags more than an
--- hour: HSCAN from cursor (COUNT 500, so a step touches about 500 fields
--- whatever the hash's size), deleting the counters of seconds at or before
--- target. upto is the lowest target seen since the sweep began: once the scan
+-- hour: HSCAN from cursor (COUNT 250, so a step touches about 250 fields
+-- whatever the hash's size), deleting the counters (and minute totals) of
+-- seconds at or before target. upto is the lowest target seen since the sweep began: once the scan
 -- ends, every counter at or before it is gone (HSCAN returns every field
 -- that is present from its start to its end; no script writes a past second)
 -- and the cursor 'pruned' moves to it. Until then the fields 'sweep' (the
@@ -77,7 +77,7 @@ end
 -- sweep's progress.
 local function sweep_step(stats, cursor, target, upto)
   upto = math.min(upto, target)
-  local r = redis.call('HSCAN', stats, cursor, 'COUNT', 500)
+  local r = redis.call('HSCAN', stats, cursor, 'COUNT', 250)
   local kv, old = r[2], {}
   for i = 1, #kv, 2 do
     local s = tonumber(string.match(kv[i], '^(%d+):'))
@@ -210,7 +210,8 @@ end
 -- and moved forward: the seconds (u, now_s - 1] are added and (f, from_s]
 -- subtracted, so a read costs the seconds that passed since the last one,
 -- not the window's length. cached holds the fields of cache_fields as HMGET
--- returned them; sums use the minute totals (keep_stats). The totals are summed afresh when the cache is missing, ahead of the
+-- returned them; every sum reads the minute totals (keep_stats) where it
+-- can. The totals are summed afresh when the cache is missing, ahead of the
 -- clock or of from_s, either bound more than 50 s behind (the seconds to
 -- subtract may be pruned: the retention exceeds every window by 60 s; and a
 -- new transition is cheaper summed) or when they come out negative.
