@@ -114,6 +114,10 @@ type Options struct {
 	MaxConcurrentReconciles int
 	// MaxRetryDelay caps the backoff after a failed evaluation. Default 10s.
 	MaxRetryDelay time.Duration
+	// StaleAfter is the dead-man bound published with every state: workers
+	// treat an Open state published longer ago as HalfOpen. Default
+	// StaleAfter(EvaluationInterval); negative turns the rule off.
+	StaleAfter time.Duration
 }
 
 func (o Options) withDefaults() Options {

@@ -29,7 +29,8 @@ type evaluation struct {
 	Published protocol.Published
 	// Window is what workers reported over the breaker window.
 	Window protocol.Window
-	// At is when the evaluation ran, by the controller's clock.
+	// At is when the evaluation ran, by the controller's clock. Only status
+	// uses it; the evaluation decides by Redis time.
 	At time.Time
 	// Err is why the evaluation failed, nil when it published.
 	Err error
@@ -93,12 +94,52 @@ func (r *DependencyPolicyReconciler) Evaluate(ctx context.Context, req ctrl.Requ
 // of the initial list, and be evaluated after newer ones under load.
 const evaluationPriority = 0
 
+// DeadManIntervals is N of the dead-man rule: a state published more than N
+// evaluation intervals ago (and at least MinStaleAfter) is stale, and workers
+// treat a stale Open as HalfOpen (docs/protocol.md §3, the dead-man rule).
+const DeadManIntervals = 30
+
+// MinStaleAfter is the dead-man rule's floor. A manager that crashes hands
+// over to another replica within the leader-election lease (15 s by default)
+// plus its start: the rule must not fire during an ordinary handover.
+const MinStaleAfter = 30 * time.Second
+
+// StaleAfter is the dead-man bound for an evaluation interval:
+// DeadManIntervals intervals, at least MinStaleAfter.
+func StaleAfter(interval time.Duration) time.Duration {
+	return max(DeadManIntervals*interval, MinStaleAfter)
+}
+
+// staleAfter is the dead-man bound the evaluator publishes: Options.StaleAfter,
+// or StaleAfter(EvaluationInterval) when unset, or 0 (the rule off) when
+// negative.
+func (o Options) staleAfter() time.Duration {
+	switch {
+	case o.StaleAfter < 0:
+		return 0
+	case o.StaleAfter > 0:
+		return o.StaleAfter
+	}
+	return StaleAfter(o.EvaluationInterval)
+}
+
 // evaluate reads the policy's state and window from Redis, plans, publishes
 // the plan and reports its transitions. On an error nothing is published.
-func (r *DependencyPolicyReconciler) evaluate(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, now time.Time) evaluation {
+//
+// It plans by Redis time, never by the manager's clock (at is only recorded
+// for status): workers count outcomes in Redis seconds and the scripts
+// compare the times it publishes with Redis's, so a manager whose node is
+// ahead of Redis would read an empty window and never open the breaker, and
+// one behind would count the failures that opened it again once it closed.
+//
+// The plan carries the sequence number of the state it was made from, so that
+// Redis refuses it if another manager published meanwhile
+// (protocol.ErrStaleSequence); the evaluation then fails with
+// ReasonStaleEpoch and the next one, an interval or more later, re-reads.
+func (r *DependencyPolicyReconciler) evaluate(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, at time.Time) evaluation {
 	log := ctrl.LoggerFrom(ctx)
 	failed := func(reason string, err error) evaluation {
-		return evaluation{At: now, Err: &evalError{reason: reason, err: err}}
+		return evaluation{At: at, Err: &evalError{reason: reason, err: err}}
 	}
 	pc, err := protocol.NewClient(r.Redis, protocol.Dependency{Namespace: pol.Namespace, Name: pol.Name})
 	if err != nil {
@@ -106,7 +147,7 @@ func (r *DependencyPolicyReconciler) evaluate(ctx context.Context, pol *spillway
 	}
 
 	rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
-	prev, found, err := pc.ReadPublished(rctx)
+	prev, found, now, err := pc.ReadPublishedAt(rctx)
 	cancel()
 	if err != nil {
 		return failed(ReasonRedisUnavailable, err)
@@ -129,13 +170,13 @@ func (r *DependencyPolicyReconciler) evaluate(ctx context.Context, pol *spillway
 		return failed(ReasonRedisUnavailable, err)
 	}
 
-	out := Plan(PlanInput{Params: params, Previous: prev, Window: window, Probes: probes, Now: now})
+	out := Plan(PlanInput{Params: params, Previous: prev, Window: window, Probes: probes, Now: redisNow, StaleAfter: r.Options.staleAfter()})
 
 	rctx, cancel = context.WithTimeout(ctx, r.Options.RedisTimeout)
 	_, err = pc.Publish(rctx, out.Next)
 	cancel()
 	switch {
-	case errors.Is(err, protocol.ErrStaleEpoch):
+	case errors.Is(err, protocol.ErrStaleEpoch), errors.Is(err, protocol.ErrStaleSequence):
 		return failed(ReasonStaleEpoch, err)
 	case err != nil:
 		return failed(ReasonRedisUnavailable, err)
@@ -156,7 +197,7 @@ func (r *DependencyPolicyReconciler) evaluate(ctx context.Context, pol *spillway
 		}
 		log.Info("Policy "+t.Reason, "from", t.From, "to", t.To, "limit", out.Next.Limit, "epoch", out.Next.Epoch, "message", t.Message)
 	}
-	return evaluation{Published: out.Next, Window: window, At: now}
+	return evaluation{Published: out.Next, Window: window, At: at}
 }
 
 // remember stores ev as the policy's last evaluation and reports whether it

@@ -32,7 +32,11 @@ type PlanInput struct {
 	Previous protocol.Published
 	Window   protocol.Window
 	Probes   protocol.Probes
-	Now      time.Time
+	// Now is Redis's time: the scripts compare what Plan publishes with it.
+	Now time.Time
+	// StaleAfter is the dead-man bound to publish (StaleAfter); 0 turns the
+	// rule off.
+	StaleAfter time.Duration
 }
 
 // Transition is one change Plan made, for an Event and the metrics.
@@ -75,6 +79,12 @@ func (c fixedClock) Now() time.Time { return time.Time(c) }
 // epoch increases by one whenever the published state changes, so that probe
 // outcomes count only for the HalfOpen epoch that admitted them, and on the
 // first publication (Previous.Epoch 0).
+//
+// Next carries Previous.Seq, the sequence number of the state the plan was
+// made from, which fences the publication (protocol.Published.Seq), and the
+// dead-man rule's fields: the policy's halfOpenProbes, and StaleAfter, which
+// for an Open state is extended by the time left until OpenUntil, so that the
+// rule never lets probes through before the breaker would have.
 func Plan(in PlanInput) PlanOutput {
 	clk := fixedClock(in.Now)
 	prev := in.Previous
@@ -123,10 +133,16 @@ func Plan(in PlanInput) PlanOutput {
 		BreakerSince:    snap.Since,
 		RampStep:        rs.Step,
 		RampStepStarted: rs.StepStarted,
+		HalfOpenProbes:  in.Params.Breaker.HalfOpenProbes,
+		StaleAfter:      in.StaleAfter,
+		Seq:             prev.Seq,
 	}
 	next.Limit = Limit(in.Params, next.State, r.Limit())
 	if next.State == protocol.Open {
 		next.OpenUntil = snap.Since.Add(in.Params.Breaker.OpenDuration)
+		if next.StaleAfter > 0 {
+			next.StaleAfter += max(next.OpenUntil.Sub(in.Now), 0)
+		}
 	}
 	if prev.Epoch == 0 || next.State != prev.State {
 		next.Epoch++
@@ -196,8 +212,12 @@ func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker
 	if prev.State == protocol.Ramping {
 		state = breaker.Closed
 	}
+	// A time after now was written by a clock ahead of Redis's (a manager
+	// before the evaluator planned by Redis time, or a Redis failover to a
+	// node behind): it counts as now, or the window would stay empty and the
+	// breaker could not open until Redis's clock caught up.
 	since := prev.BreakerSince
-	if since.IsZero() {
+	if since.IsZero() || since.After(clk.Now()) {
 		since = clk.Now()
 	}
 	b := breaker.Restore(p.Breaker, clk, breaker.Snapshot{State: state, Since: since})
@@ -206,7 +226,7 @@ func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker
 		step = len(p.Ramp.Steps) - 1
 	}
 	started := prev.RampStepStarted
-	if started.IsZero() {
+	if started.IsZero() || started.After(clk.Now()) {
 		started = clk.Now()
 	}
 	r := ramp.Restore(p.Ramp, clk, ramp.Snapshot{Step: step, StepStarted: started})

@@ -313,3 +313,78 @@ func TestRestoreFromStatus(t *testing.T) {
 		})
 	}
 }
+
+// TestPlanDeadManFields: every plan carries the policy's halfOpenProbes and
+// the dead-man bound; an Open plan's bound runs from OpenUntil, so the rule
+// never admits probes before the breaker would have; 0 keeps the rule off.
+func TestPlanDeadManFields(t *testing.T) {
+	g := NewWithT(t)
+	p := seedParams(t)
+	prev := RestoreFromStatus(spillwayv1alpha1.DependencyPolicyStatus{}, p, t0)
+	in := PlanInput{Params: p, Previous: prev, Now: t0, StaleAfter: 30 * time.Second}
+
+	closed := Plan(in).Next
+	g.Expect(closed.State).To(Equal(protocol.Closed))
+	g.Expect(closed.HalfOpenProbes).To(Equal(int64(3)))
+	g.Expect(closed.StaleAfter).To(Equal(30 * time.Second))
+
+	// 20 failures open the breaker for 60 s: stale 60 s + 30 s after now.
+	in.Window = protocol.Window{Calls: 20, Failures: 20}
+	open := Plan(in).Next
+	g.Expect(open.State).To(Equal(protocol.Open))
+	g.Expect(open.StaleAfter).To(Equal(90 * time.Second))
+	// 45 s later, still Open: 15 s + 30 s.
+	later := Plan(PlanInput{Params: p, Previous: open, Now: t0.Add(45 * time.Second), StaleAfter: 30 * time.Second}).Next
+	g.Expect(later.State).To(Equal(protocol.Open))
+	g.Expect(later.StaleAfter).To(Equal(45 * time.Second))
+
+	in.StaleAfter = 0
+	g.Expect(Plan(in).Next.StaleAfter).To(BeZero(), "0 keeps the rule off, Open too")
+}
+
+func TestStaleAfter(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(StaleAfter(time.Second)).To(Equal(30 * time.Second))
+	g.Expect(StaleAfter(200 * time.Millisecond)).To(Equal(MinStaleAfter))
+	g.Expect(StaleAfter(5 * time.Second)).To(Equal(150 * time.Second))
+	g.Expect(Options{EvaluationInterval: 2 * time.Second}.staleAfter()).To(Equal(60 * time.Second))
+	g.Expect(Options{EvaluationInterval: time.Second, StaleAfter: 3 * time.Second}.staleAfter()).To(Equal(3 * time.Second))
+	g.Expect(Options{EvaluationInterval: time.Second, StaleAfter: -1}.staleAfter()).To(BeZero())
+}
+
+// TestPlanCarriesTheSequenceItWasMadeFrom: the plan is fenced by the sequence
+// of the state it was read from, whatever it decides.
+func TestPlanCarriesTheSequenceItWasMadeFrom(t *testing.T) {
+	g := NewWithT(t)
+	p := seedParams(t)
+	prev := RestoreFromStatus(spillwayv1alpha1.DependencyPolicyStatus{}, p, t0)
+	prev.Epoch, prev.Seq = 4, 17
+	g.Expect(Plan(PlanInput{Params: p, Previous: prev, Now: t0}).Next.Seq).To(Equal(int64(17)))
+	open := Plan(PlanInput{Params: p, Previous: prev, Now: t0, Window: protocol.Window{Calls: 20, Failures: 20}}).Next
+	g.Expect(open.State).To(Equal(protocol.Open))
+	g.Expect(open.Seq).To(Equal(int64(17)))
+}
+
+// TestPlanTimesAheadOfRedis: times written by a clock ahead of Redis's (a
+// manager that planned by its own clock) count as now, so failures reported
+// now still open the breaker and an Open breaker half-opens openDuration from
+// now, not from a time in the future.
+func TestPlanTimesAheadOfRedis(t *testing.T) {
+	g := NewWithT(t)
+	p := seedParams(t)
+	prev := RestoreFromStatus(spillwayv1alpha1.DependencyPolicyStatus{}, p, t0)
+	prev.Epoch = 1
+	prev.BreakerSince = t0.Add(40 * time.Second)
+	prev.RampStepStarted = prev.BreakerSince
+	g.Expect(WindowStart(p, prev, t0)).To(Equal(t0))
+	open := Plan(PlanInput{Params: p, Previous: prev, Now: t0, Window: protocol.Window{Calls: 20, Failures: 20}}).Next
+	g.Expect(open.State).To(Equal(protocol.Open))
+	g.Expect(open.OpenUntil).To(Equal(t0.Add(time.Minute)))
+
+	open.BreakerSince = t0.Add(40 * time.Second)
+	still := Plan(PlanInput{Params: p, Previous: open, Now: t0}).Next
+	g.Expect(still.State).To(Equal(protocol.Open))
+	g.Expect(still.BreakerSince).To(Equal(t0), "the future time is replaced by now")
+	half := Plan(PlanInput{Params: p, Previous: still, Now: t0.Add(time.Minute)}).Next
+	g.Expect(half.State).To(Equal(protocol.HalfOpen), "an Open since a future time half-opens openDuration after now")
+}

@@ -96,6 +96,13 @@ func startManager(t testing.TB, ns string, rdb redis.UniversalClient, opts Optio
 // rate limits, say).
 func startManagerWithConfig(t testing.TB, cfg *rest.Config, ns string, rdb redis.UniversalClient, opts Options) *testManager {
 	t.Helper()
+	return startReconciler(t, cfg, ns, &DependencyPolicyReconciler{Redis: rdb, Options: opts})
+}
+
+// startReconciler starts a manager running r, whose unset fields
+// SetupWithManager fills (a clock of its own, say).
+func startReconciler(t testing.TB, cfg *rest.Config, ns string, r *DependencyPolicyReconciler) *testManager {
+	t.Helper()
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -107,7 +114,6 @@ func startManagerWithConfig(t testing.TB, cfg *rest.Config, ns string, rdb redis
 		t.Fatalf("failed to create the manager: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &DependencyPolicyReconciler{Redis: rdb, Options: opts}
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		cancel()
 		t.Fatalf("failed to set up the controller: %v", err)

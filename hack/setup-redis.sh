@@ -1,16 +1,42 @@
 #!/usr/bin/env bash
-# Makes sure redis-server and redis-cli are on PATH, installing Debian's
-# redis-server package when they are not. The integration tests start their
-# own redis-server processes on free loopback ports (see internal/redistest),
-# so the system service the package installs is stopped and left stopped.
-# Safe to run any number of times; progress goes to stderr.
+# Makes sure redis-server, redis-cli and redis-sentinel are on PATH, installing
+# Debian's redis-server and redis-sentinel packages when they are not. The
+# integration tests start their own processes on free loopback ports (see
+# internal/redistest), so the system services the packages install are stopped
+# and left stopped. Safe to run any number of times; progress goes to stderr.
+#
+# redis-sentinel is the redis-server program started under another name
+# (Debian links both to the same binary), and `redis-server sentinel.conf
+# --sentinel` runs a sentinel too: internal/redistest falls back to that when
+# redis-sentinel is missing, so a machine where only it cannot be installed
+# still runs every test.
 set -euo pipefail
 
 log() { printf 'setup-redis: %s\n' "$*" >&2; }
 
-if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
+packages=()
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+  packages+=(redis-server)
+fi
+if ! command -v redis-sentinel >/dev/null 2>&1; then
+  packages+=(redis-sentinel)
+fi
+if [ "${#packages[@]}" -eq 0 ]; then
   exit 0
 fi
+# Only the sentinel missing: not worth failing over, redis-server --sentinel works.
+sentinel_only=false
+if [ "${packages[*]}" = "redis-sentinel" ]; then
+  sentinel_only=true
+fi
+cannot() {
+  if [ "${sentinel_only}" = true ]; then
+    log "$1; redis-sentinel not installed, the tests run redis-server --sentinel instead"
+    exit 0
+  fi
+  log "$1"
+  exit 1
+}
 
 # Run as root directly, or through sudo when it is available.
 SUDO=()
@@ -18,41 +44,42 @@ if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null 2>&1; then
     SUDO=(sudo)
   else
-    log "not root and sudo is not installed: install the redis-server package by hand"
-    exit 1
+    cannot "not root and sudo is not installed: install the ${packages[*]} package(s) by hand"
   fi
 fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
-  log "apt-get not found: install redis-server (7 or newer) with your package manager"
-  exit 1
+  cannot "apt-get not found: install redis-server (7 or newer) and redis-sentinel with your package manager"
 fi
 
-log "installing Debian's redis-server package"
+log "installing Debian's ${packages[*]} package(s)"
 export DEBIAN_FRONTEND=noninteractive
-"${SUDO[@]}" apt-get update >&2
-"${SUDO[@]}" apt-get install -y --no-install-recommends redis-server >&2
+"${SUDO[@]}" apt-get update >&2 || cannot "apt-get update failed"
+"${SUDO[@]}" apt-get install -y --no-install-recommends "${packages[@]}" >&2 || cannot "apt-get install ${packages[*]} failed"
 
-# The package's post-install script may start the system service on port 6379.
-# The tests never use it, so stop it. Without a service manager, kill the
-# process named by the service's pid file instead.
-if command -v service >/dev/null 2>&1; then
-  "${SUDO[@]}" service redis-server stop >/dev/null 2>&1 || true
-fi
-pidfile=/run/redis/redis-server.pid
-if [ -r "${pidfile}" ]; then
-  pid="$(cat "${pidfile}")"
-  if [ -n "${pid}" ] && kill -0 "${pid}" 2>/dev/null; then
-    log "stopping the redis-server service (pid ${pid})"
-    "${SUDO[@]}" kill "${pid}" || true
+# The packages' post-install scripts may start the system services on ports
+# 6379 and 26379. The tests never use them, so stop them. Without a service
+# manager, kill the processes named by the services' pid files instead.
+for service in redis-server redis-sentinel; do
+  if command -v service >/dev/null 2>&1; then
+    "${SUDO[@]}" service "${service}" stop >/dev/null 2>&1 || true
   fi
-fi
+done
+for pidfile in /run/redis/redis-server.pid /run/sentinel/redis-sentinel.pid; do
+  if [ -r "${pidfile}" ]; then
+    pid="$(cat "${pidfile}")"
+    if [ -n "${pid}" ] && kill -0 "${pid}" 2>/dev/null; then
+      log "stopping the service of ${pidfile} (pid ${pid})"
+      "${SUDO[@]}" kill "${pid}" || true
+    fi
+  fi
+done
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-  # Keep it from coming back on the next boot as well.
-  "${SUDO[@]}" systemctl disable redis-server >/dev/null 2>&1 || true
+  # Keep them from coming back on the next boot as well.
+  "${SUDO[@]}" systemctl disable redis-server redis-sentinel >/dev/null 2>&1 || true
 fi
 
-for bin in redis-server redis-cli; do
+for bin in redis-server redis-cli redis-sentinel; do
   command -v "${bin}" >/dev/null 2>&1 || { log "${bin} still not on PATH after install"; exit 1; }
 done
 log "$(redis-server --version)"

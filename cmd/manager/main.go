@@ -44,6 +44,11 @@ type redisOptions struct {
 	tlsCAFile    string
 	cluster      bool
 	timeout      time.Duration
+
+	// sentinelMaster, when set, is the name under which the sentinels at
+	// sentinelAddrs monitor the master; addrs is then unused.
+	sentinelMaster string
+	sentinelAddrs  []string
 }
 
 func main() {
@@ -62,7 +67,7 @@ func main() {
 // parseFlags reads the command line into options.
 func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	var o options
-	var redisAddr string
+	var redisAddr, sentinelAddr string
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "0",
 		"Address the metrics endpoint binds to, e.g. :8443 (HTTPS) or :8080 (with --metrics-secure=false); 0 disables it.")
 	fs.BoolVar(&o.metricsSecure, "metrics-secure", true,
@@ -91,18 +96,30 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.redis.tlsCAFile, "redis-tls-ca-file", "",
 		"PEM file of the CA that signed Redis's certificate; the system roots when empty. Implies --redis-tls.")
 	fs.BoolVar(&o.redis.cluster, "redis-cluster", false, "Redis is a Redis Cluster; --redis-addr lists seed nodes.")
+	fs.StringVar(&o.redis.sentinelMaster, "redis-sentinel-master", "",
+		"Redis is managed by Sentinel, which monitors its master under this name; set --redis-sentinel-addr instead of --redis-addr.")
+	fs.StringVar(&sentinelAddr, "redis-sentinel-addr", "",
+		"Comma-separated host:port addresses of the sentinels, with --redis-sentinel-master. The manager asks them for the master and follows a failover.")
 	fs.DurationVar(&o.redis.timeout, "redis-timeout", 500*time.Millisecond,
 		"Bound on each Redis operation, so an unreachable Redis never holds up other policies.")
 	o.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
 	}
-	for a := range strings.SplitSeq(redisAddr, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			o.redis.addrs = append(o.redis.addrs, a)
-		}
-	}
+	o.redis.addrs = splitAddrs(redisAddr)
+	o.redis.sentinelAddrs = splitAddrs(sentinelAddr)
+	addrSet := false
+	fs.Visit(func(f *flag.Flag) { addrSet = addrSet || f.Name == "redis-addr" })
+	sentinel := o.redis.sentinelMaster != ""
 	switch {
+	case sentinel && len(o.redis.sentinelAddrs) == 0:
+		return options{}, fmt.Errorf("--redis-sentinel-master needs --redis-sentinel-addr, the sentinels' addresses")
+	case !sentinel && len(o.redis.sentinelAddrs) > 0:
+		return options{}, fmt.Errorf("--redis-sentinel-addr needs --redis-sentinel-master, the name the sentinels monitor the master under")
+	case sentinel && (addrSet || o.redis.cluster):
+		return options{}, fmt.Errorf("--redis-sentinel-master excludes --redis-addr and --redis-cluster: the sentinels name the master")
+	case sentinel:
+		o.redis.addrs = nil
 	case len(o.redis.addrs) == 0:
 		return options{}, fmt.Errorf("--redis-addr must name at least one address")
 	case len(o.redis.addrs) > 1 && !o.redis.cluster:
@@ -116,4 +133,15 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		o.redis.tls = true
 	}
 	return o, nil
+}
+
+// splitAddrs splits a comma-separated list of addresses, dropping blanks.
+func splitAddrs(list string) []string {
+	var addrs []string
+	for a := range strings.SplitSeq(list, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
 }

@@ -49,6 +49,20 @@ func TestParseFlags(t *testing.T) {
 		{name: "no address", args: []string{"--redis-addr= , "}, wantErr: "at least one address"},
 		{name: "too few workers", args: []string{"--max-concurrent-reconciles=2"}, wantErr: "at least 4"},
 		{name: "zero interval", args: []string{"--evaluation-interval=0s"}, wantErr: "must be positive"},
+		{name: "sentinel", args: []string{"--redis-sentinel-master=mymaster", "--redis-sentinel-addr=s1:26379, s2:26379,s3:26379"},
+			check: func(t *testing.T, o options) {
+				if o.redis.sentinelMaster != "mymaster" || strings.Join(o.redis.sentinelAddrs, ",") != "s1:26379,s2:26379,s3:26379" ||
+					o.redis.addrs != nil || o.redis.cluster {
+					t.Errorf("redis options = %+v", o.redis)
+				}
+			}},
+		{name: "a sentinel master needs sentinels", args: []string{"--redis-sentinel-master=mymaster"}, wantErr: "needs --redis-sentinel-addr"},
+		{name: "blank sentinels", args: []string{"--redis-sentinel-master=m", "--redis-sentinel-addr= ,"}, wantErr: "needs --redis-sentinel-addr"},
+		{name: "sentinels need a master name", args: []string{"--redis-sentinel-addr=s1:26379"}, wantErr: "needs --redis-sentinel-master"},
+		{name: "sentinel excludes --redis-addr", args: []string{"--redis-sentinel-master=m", "--redis-sentinel-addr=s1:26379", "--redis-addr=r:6379"},
+			wantErr: "excludes --redis-addr"},
+		{name: "sentinel excludes --redis-cluster", args: []string{"--redis-sentinel-master=m", "--redis-sentinel-addr=s1:26379", "--redis-cluster"},
+			wantErr: "excludes --redis-addr and --redis-cluster"},
 		{name: "leader election can be turned off", args: []string{"--leader-elect=false"}, check: func(t *testing.T, o options) {
 			if o.leaderElect {
 				t.Error("leaderElect = true")
@@ -161,5 +175,46 @@ func TestRedisClusterClient(t *testing.T) {
 	defer rdb.Close()
 	if _, ok := rdb.(*redis.ClusterClient); !ok {
 		t.Errorf("client is %T, want a *redis.ClusterClient", rdb)
+	}
+}
+
+// TestRedisSentinelClient connects through real sentinels, and follows them
+// to the new master after the old one is killed.
+func TestRedisSentinelClient(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	o, err := parseFlags(flag.NewFlagSet("manager", flag.ContinueOnError), []string{
+		"--redis-sentinel-master=" + s.MasterName(), "--redis-sentinel-addr=" + strings.Join(s.SentinelAddrs(), ","),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb, err := newRedisClient(o.redis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := rdb.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("set through the sentinels' master: %v", err)
+	}
+	old, err := s.KillMaster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.WaitFailover(ctx, old.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	// The client may still hold connections to the dead master: the first
+	// commands after the switch can fail, but not for long.
+	for {
+		err := rdb.Set(ctx, "k", "after", 0).Err()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("set after the failover: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -11,7 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// newRedisClient connects to Redis, or to a Redis Cluster, as o says.
+// newRedisClient connects to Redis, to a Redis Cluster, or to the master that
+// Sentinel names (a failover client that follows the sentinels' elections), as
+// o says.
 // Every operation is bounded by o.timeout: the socket timeouts are set to it
 // and the client honours context deadlines (the reconciler also gives each
 // operation a context with that timeout).
@@ -34,9 +36,14 @@ func newRedisClient(o redisOptions) (redis.UniversalClient, error) {
 			return o.username, password, err
 		}
 	}
+	addrs := o.addrs
+	if o.sentinelMaster != "" {
+		addrs = o.sentinelAddrs
+	}
 	return redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs:                      o.addrs,
+		Addrs:                      addrs,
 		IsClusterMode:              o.cluster,
+		MasterName:                 o.sentinelMaster,
 		Username:                   o.username,
 		CredentialsProviderContext: creds,
 		TLSConfig:                  tlsConfig,

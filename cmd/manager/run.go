@@ -90,6 +90,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	log.Info("Starting the manager", "redis", o.redis.addrs, "redisCluster", o.redis.cluster,
+		"redisSentinelMaster", o.redis.sentinelMaster, "redisSentinels", o.redis.sentinelAddrs,
 		"evaluationInterval", o.evaluationInterval, "leaderElection", o.leaderElect)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("manager stopped: %w", err)

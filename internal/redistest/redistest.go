@@ -2,13 +2,16 @@
 //
 // Every server listens on 127.0.0.1 on a free port, keeps its files in its
 // own temporary directory and persists nothing, so test packages never share
-// state. [Start] and [StartCluster] tie the processes to a test and stop them
-// in its cleanup; [StartServer] and [NewCluster] do the same for callers
-// without a testing.TB, who must call Close themselves.
+// state. [Start], [StartCluster] and [StartSentinel] tie the processes to a
+// test and stop them in its cleanup; [StartServer], [NewCluster] and
+// [NewSentinel] do the same for callers without a testing.TB, who must call
+// Close themselves.
 //
 // The redis-server binary is taken from the REDIS_SERVER environment variable,
 // else from PATH, else /usr/bin/redis-server. Run hack/setup-redis.sh to
-// install it. Redis 7 or newer is required for clusters.
+// install it. Redis 7 or newer is required for clusters. Sentinels run
+// $REDIS_SENTINEL, else redis-sentinel from PATH, else redis-server with
+// --sentinel (the same program).
 package redistest
 
 import (

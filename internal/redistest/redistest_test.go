@@ -163,3 +163,37 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("eval returned %q; want [1 2]", got)
 	}
 }
+
+func TestSentinelFailover(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	c := s.Client(func(o *redis.FailoverOptions) { o.ContextTimeoutEnabled = true })
+	ctx := ctxTimeout(t, 30*time.Second)
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("set: %v", err)
+	}
+	// WAIT makes the write reach the replica before the master dies.
+	if n, err := c.Wait(ctx, 1, 5000).Result(); err != nil || n != 1 {
+		t.Fatalf("wait for the replica = %d, %v; want 1, nil", n, err)
+	}
+
+	old, err := s.KillMaster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	addr, err := s.WaitFailover(ctx, old.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sentinels promoted %s %v after the master %s was killed", addr, time.Since(killed).Round(time.Millisecond), old.Addr())
+	if addr != s.Servers()[1].Addr() {
+		t.Fatalf("new master %s; want the replica %s", addr, s.Servers()[1].Addr())
+	}
+	// The failover client finds the new master and its replicated data.
+	if got, err := c.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("get k after failover = %q, %v; want \"v\", nil", got, err)
+	}
+	if err := c.Set(ctx, "k2", "v2", 0).Err(); err != nil {
+		t.Fatalf("set after failover: %v", err)
+	}
+}

@@ -13,9 +13,10 @@ import (
 type Action int
 
 const (
-	// ActionDefer: the call was not made and no attempt was consumed; run the
-	// job again after After (throttled, rate limited, breaker open, Redis
-	// unavailable).
+	// ActionDefer: the call was not made, or was cut short by a
+	// cancellation that counted nothing, and no attempt was consumed; run
+	// the job again after After (throttled, rate limited, breaker open,
+	// Redis unavailable, cancelled, lease lost).
 	ActionDefer Action = iota + 1
 	// ActionRetry: the call failed and the retry budget allows a retry after
 	// After; the next run is attempt + 1.
@@ -63,9 +64,16 @@ var (
 	ErrRedisUnavailable = errors.New("redis unavailable")
 	// ErrNoPolicy: no DependencyPolicy is published for the dependency.
 	ErrNoPolicy = protocol.ErrNoPolicy
-	// ErrLeaseLost: a long call's lease expired before it could be renewed; the
+	// ErrLeaseLost: a long call's lease expired before it could be renewed
+	// (Redis unreachable for the lease TTL, by the worker's own clock); the
 	// fleet no longer counts the call, so its context is cancelled.
 	ErrLeaseLost = errors.New("lease lost: the slot expired before it was renewed")
+	// ErrCancelled: the call was cut short by its caller's cancellation (a
+	// shutdown, say); it counted nothing against the dependency.
+	ErrCancelled = errors.New("cancelled: the caller cancelled the call")
+	// ErrLifetimeExceeded: the call ran past Options.MaxCallLifetime; its
+	// Permit stopped renewing the lease and cancelled its context.
+	ErrLifetimeExceeded = errors.New("call lifetime exceeded: the permit stopped renewing its lease")
 )
 
 // Error is the guard's answer when a call was not made or failed: what to do

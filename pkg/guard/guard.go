@@ -10,6 +10,7 @@
 //
 //	g, err := guard.New(rdb, "mail/template-api", guard.Options{})
 //	...
+//	defer g.Close()
 //	err = g.Do(ctx, guard.Job{Attempt: attempt, Deadline: enqueuedAt.Add(5 * time.Minute)},
 //		func(ctx context.Context) error { return render(ctx, tmpl) })
 //	switch action, after, _ := guard.Decide(err); action {
@@ -41,11 +42,31 @@ import (
 // Options tune a Guard. The zero value is valid: every field has a default.
 type Options struct {
 	// LeaseTTL bounds how long a worker that dies keeps its slot. Calls longer
-	// than a third of it renew their lease. Default 30s.
+	// than a third of it renew their lease. A call whose lease could not be
+	// renewed for LeaseTTL (Redis unreachable), counted by the worker's own
+	// clock from the last renewal it sent, is cancelled with ErrLeaseLost:
+	// by then the fleet no longer counts it. Default 30s.
 	LeaseTTL time.Duration
-	// RedisTimeout bounds every Redis round trip. Default 50ms. The client
-	// must have ContextTimeoutEnabled so the bound reaches the socket.
+	// RedisTimeout bounds every Redis round trip a call waits for. Default
+	// 50ms. The client must have ContextTimeoutEnabled so the bound reaches
+	// the socket.
+	//
+	// An acquisition whose reply is not read (RedisTimeout passed, the
+	// caller cancelled, the connection broke) holds no slot for long: it
+	// carries a deadline in Redis time, past which Redis refuses it and
+	// writes nothing, and the guard hands its lease to a background
+	// forgetter that makes it stop counting. Such a lease holds its slot
+	// until Redis answers the forget: at most about 1s after Redis answers
+	// again (the forgetter retries every 500ms at most while Redis does
+	// not answer), and never longer than LeaseTTL. A release whose reply is
+	// not read is forgotten the same way.
 	RedisTimeout time.Duration
+	// MaxCallLifetime bounds how long a Permit renews its lease: a holder
+	// that never calls Done (a leaked Permit) keeps its slot at most
+	// MaxCallLifetime plus LeaseTTL. At MaxCallLifetime the Permit's
+	// context is cancelled with ErrLifetimeExceeded and a call that ends
+	// with an error then counts as a timeout. Default 10m.
+	MaxCallLifetime time.Duration
 	// WaitForSlot makes Acquire wait, bounded by its context and MaxWait, when
 	// every slot is held or the rate is reached, instead of returning an
 	// ActionDefer error at once.
@@ -91,6 +112,9 @@ type Guard struct {
 	local    chan struct{}
 	fallback retry.Backoff
 
+	clock  *redisClock
+	forget *forgetter
+
 	mu       sync.Mutex
 	lastSeen retry.Backoff
 }
@@ -127,6 +151,8 @@ func New(rdb redis.UniversalClient, dependency string, opts Options) (*Guard, er
 		metrics:  m,
 		rnd:      opts.Rand,
 		fallback: retry.Backoff{Base: time.Second, Max: 5 * time.Minute, Jitter: retry.JitterFull},
+		clock:    newRedisClock(),
+		forget:   newForgetter(proto, opts.RedisTimeout, m),
 	}
 	g.lastSeen = g.fallback
 	if opts.FailOpenLimit > 0 {
@@ -152,6 +178,7 @@ func (o Options) withDefaults() (Options, error) {
 	}{
 		{&o.LeaseTTL, "LeaseTTL", 30 * time.Second},
 		{&o.RedisTimeout, "RedisTimeout", 50 * time.Millisecond},
+		{&o.MaxCallLifetime, "MaxCallLifetime", 10 * time.Minute},
 		{&o.JobTTL, "JobTTL", 24 * time.Hour},
 		{&o.DeferDelay, "DeferDelay", time.Second},
 		{&o.ThrottleDelay, "ThrottleDelay", 200 * time.Millisecond},
@@ -203,6 +230,15 @@ func checkClient(rdb redis.UniversalClient) error {
 	return nil
 }
 
+// Close stops the guard's background work: the forgetting of leases whose
+// reply was never read (see Options.RedisTimeout). Leases it had not
+// forgotten yet expire with their TTL. Permits already admitted keep renewing
+// until Done. Call it when the guard is no longer used; it is safe to call
+// more than once.
+func (g *Guard) Close() {
+	g.forget.close()
+}
+
 // Dependency is the dependency this guard protects.
 func (g *Guard) Dependency() protocol.Dependency { return g.dep }
 
@@ -224,7 +260,9 @@ type Job struct {
 func (j Job) attempt() int { return max(j.Attempt, 1) }
 
 // Do runs fn once under the fleet's protections and returns nil, fn's
-// Permanent error, or an *Error saying what to do with the job.
+// Permanent error, or an *Error saying what to do with the job. If fn panics,
+// its slot is released at once, counting nothing against the dependency, and
+// the panic goes on to the caller.
 func (g *Guard) Do(ctx context.Context, job Job, fn func(context.Context) error) error {
 	if fn == nil {
 		return errors.New("function must not be nil")
@@ -233,6 +271,9 @@ func (g *Guard) Do(ctx context.Context, job Job, fn func(context.Context) error)
 	if err != nil {
 		return err
 	}
+	// Runs only when fn panics (or calls runtime.Goexit): Done has not run.
+	// Not recovering keeps the panic's own stack.
+	defer p.abandon()
 	return p.Done(fn(p.Context()))
 }
 
@@ -250,7 +291,9 @@ func (g *Guard) Supersede(ctx context.Context, key string, version int64) error 
 }
 
 // Acquire admits one call or refuses it. On admission the caller must call
-// Done on the Permit exactly once, with the call's error.
+// Done on the Permit exactly once, with the call's error. When ctx is
+// cancelled or its deadline passes before an answer, Acquire returns
+// ctx.Err(): the caller's own doing, not a refusal.
 func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -266,7 +309,6 @@ func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
 		return nil, fmt.Errorf("job version must be in [0, 2^53), got %d", job.Version)
 	}
 	args := protocol.AcquireArgs{
-		LeaseID:    protocol.NewLeaseID(),
 		TTL:        g.opts.LeaseTTL,
 		JobKey:     job.Key,
 		JobVersion: job.Version,
@@ -277,14 +319,14 @@ func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
 	start := time.Now()
 	var pause time.Duration
 	for {
-		adm, err := g.acquireOnce(ctx, args)
+		adm, sent, err := g.acquireOnce(ctx, args)
 		if err != nil {
 			return g.unavailable(ctx, job, err)
 		}
 		refusal := g.refusal(adm)
 		if refusal == nil {
 			g.metrics.slotWait.Observe(time.Since(start).Seconds())
-			return g.newPermit(ctx, job, adm), nil
+			return g.newPermit(ctx, job, adm, sent), nil
 		}
 		if !g.opts.WaitForSlot || refusal.Action != ActionDefer || refusal.Reason == ErrOpen {
 			g.count(refusal)
@@ -298,16 +340,50 @@ func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
 			sleep = refusal.After
 		}
 		if !sleepCtx(waitCtx, sleep) {
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return nil, ctx.Err() // the caller gave up; a deadline gets the refusal
+			}
 			g.count(refusal)
 			return nil, refusal
 		}
 	}
 }
 
-func (g *Guard) acquireOnce(ctx context.Context, args protocol.AcquireArgs) (protocol.Admission, error) {
-	rctx, cancel := g.redisContext(ctx)
-	defer cancel()
-	return g.proto.Acquire(rctx, args)
+// acquireOnce asks Redis for a slot, under a fresh lease id, and returns the
+// local time the request was sent (the lease's expiry counts from it).
+//
+// The request carries the Redis time after which its reply would no longer
+// be read; Redis refuses it then, writing nothing. If the reply is not read
+// all the same (it ran in time but arrived late, the caller cancelled, the
+// connection broke), the lease is handed to the forgetter. A reply that
+// arrived in time but was refused as late means Redis's clock moved: the
+// offset estimate starts again and the request is made once more.
+func (g *Guard) acquireOnce(ctx context.Context, args protocol.AcquireArgs) (protocol.Admission, time.Time, error) {
+	for retried := false; ; retried = true {
+		rctx, cancel := g.redisContext(ctx)
+		args.LeaseID = protocol.NewLeaseID() // never reuse an id that may be forgotten
+		sentAt := time.Now()
+		sent := g.clock.now()
+		if dl, ok := rctx.Deadline(); ok {
+			args.Deadline = g.clock.deadline(sent, time.Until(dl))
+		}
+		adm, err := g.proto.Acquire(rctx, args)
+		cancel()
+		switch {
+		case errors.Is(err, protocol.ErrNoPolicy) || errors.Is(err, protocol.ErrVersion):
+			// Redis answered: nothing was written.
+		case err != nil:
+			g.forget.add(unread{member: args.LeaseID, expires: sentAt.Add(args.TTL)})
+		case adm.Code == protocol.RefusedLate:
+			g.clock.reset(sent, adm.Now)
+			if !retried {
+				continue
+			}
+		default:
+			g.clock.observe(sent, adm.Now)
+		}
+		return adm, sentAt, err
+	}
 }
 
 // refusal turns a refused admission into the *Error a caller sees.
@@ -326,9 +402,15 @@ func (g *Guard) refusal(adm protocol.Admission) *Error {
 		}
 		return &Error{Action: ActionDefer, Reason: ErrThrottled, After: d/2 + time.Duration(g.rnd.Float64()*float64(d/2))}
 	case protocol.RefusedRate:
-		return &Error{Action: ActionDefer, Reason: ErrRateLimited, After: adm.Wait}
+		// Never before the next token, and spread upward like the other
+		// refusals so that the jobs refused together do not return together.
+		return &Error{Action: ActionDefer, Reason: ErrRateLimited, After: g.jitterUp(adm.Wait)}
 	case protocol.RefusedSuperseded:
 		return &Error{Action: ActionDrop, Reason: ErrSuperseded}
+	case protocol.RefusedLate:
+		// Refused as late twice in a row, though the replies came in time.
+		return &Error{Action: ActionDefer, Reason: ErrRedisUnavailable, After: g.jitterUp(g.opts.DeferDelay),
+			Cause: errors.New("redis refused the acquisition as late twice: its clock is not where the guard estimates it")}
 	}
 	return &Error{Action: ActionDefer, Reason: ErrRedisUnavailable, After: g.jitterUp(g.opts.DeferDelay),
 		Cause: fmt.Errorf("unknown admission code %v", adm.Code)}
@@ -345,9 +427,14 @@ func (g *Guard) count(e *Error) {
 	}
 }
 
-// unavailable handles a failed acquisition: no policy, or Redis not answering.
-// It fails closed unless FailOpenLimit admits the call locally.
+// unavailable handles a failed acquisition: the caller gave up, no policy,
+// or Redis not answering. It fails closed unless FailOpenLimit admits the
+// call locally.
 func (g *Guard) unavailable(ctx context.Context, job Job, err error) (*Permit, error) {
+	if ctx.Err() != nil {
+		// The caller's cancellation or deadline ended the wait, not Redis.
+		return nil, ctx.Err()
+	}
 	if errors.Is(err, protocol.ErrNoPolicy) || errors.Is(err, protocol.ErrVersion) {
 		e := &Error{Action: ActionDefer, Reason: ErrNoPolicy, After: g.jitterUp(g.opts.DeferDelay), Cause: err}
 		g.count(e)

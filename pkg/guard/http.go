@@ -81,20 +81,31 @@ func CheckResponse(resp *http.Response) error {
 	return Permanent(err)
 }
 
-// parseRetryAfter reads a Retry-After value: delay seconds or an HTTP date.
+// parseRetryAfter reads a Retry-After value: delay seconds or an HTTP date,
+// at most maxRetryAfter ahead.
 func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return 0, false
 	}
+	var d time.Duration
 	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if s < 0 || s > 24*3600 {
+		if s < 0 || s > int64(maxRetryAfter/time.Second) {
 			return 0, false
 		}
-		return time.Duration(s) * time.Second, true
+		d = time.Duration(s) * time.Second
+	} else if t, err := http.ParseTime(v); err == nil {
+		d = max(t.Sub(now), 0)
+	} else {
+		return 0, false
 	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0), true
+	if d > maxRetryAfter {
+		return 0, false
 	}
-	return 0, false
+	return d, true
 }
+
+// maxRetryAfter is the longest Retry-After honoured, in either form: a
+// longer one is more likely a misconfigured server than a plan, and the
+// fleet's own backoff applies instead.
+const maxRetryAfter = 24 * time.Hour

@@ -21,8 +21,19 @@ type metrics struct {
 	redisErrors  prometheus.Counter
 	leaseLost    prometheus.Counter
 	failOpen     prometheus.Counter
+	unreadLeases map[unreadResult]prometheus.Counter
 	slotWait     prometheus.Observer
 }
+
+// unreadResult is what became of a lease whose reply was never read.
+type unreadResult string
+
+const (
+	unreadQueued    unreadResult = "queued"    // handed to the forgetter
+	unreadForgotten unreadResult = "forgotten" // Redis stopped counting it
+	unreadExpired   unreadResult = "expired"   // its TTL passed before Redis answered
+	unreadDropped   unreadResult = "dropped"   // the queue was full or the guard closed
+)
 
 var attemptLabels = [4]string{"1", "2", "3", "4+"}
 
@@ -32,7 +43,7 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 			Namespace: "spillway", Subsystem: "worker", Name: name, Help: help,
 		}, append([]string{"dependency"}, labels...))
 	}
-	calls := c("calls_total", "Calls made to the dependency, by outcome (success, failure, timeout) and attempt number.", "outcome", "attempt")
+	calls := c("calls_total", "Calls made to the dependency, by outcome (success, failure, timeout, cancelled) and attempt number.", "outcome", "attempt")
 	throttled := c("throttled_total", "Calls not made because the fleet refused them, by reason (slots, rate, open, redis_unavailable, no_policy).", "reason")
 	stale := c("stale_dropped_total", "Jobs dropped before any call because they were past their deadline.")
 	superseded := c("superseded_total", "Jobs dropped before any call because a newer version exists.")
@@ -41,13 +52,14 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 	redisErrors := c("redis_errors_total", "Redis round trips that failed or timed out.")
 	leaseLost := c("lease_lost_total", "Calls whose lease expired before it was renewed.")
 	failOpen := c("fail_open_calls_total", "Calls admitted by the local cap while Redis was unavailable.")
+	unread := c("unread_leases_total", "Leases whose acquire or release reply was never read, by what became of them (queued for forgetting, forgotten, expired first, dropped).", "result")
 	wait := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "spillway", Subsystem: "worker", Name: "slot_wait_seconds",
 		Help:    "Time spent waiting for a fleet-wide slot before a call was admitted.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 	}, []string{"dependency"})
 
-	vecs := []**prometheus.CounterVec{&calls, &throttled, &stale, &superseded, &budget, &retries, &redisErrors, &leaseLost, &failOpen}
+	vecs := []**prometheus.CounterVec{&calls, &throttled, &stale, &superseded, &budget, &retries, &redisErrors, &leaseLost, &failOpen, &unread}
 	for _, v := range vecs {
 		var err error
 		if *v, err = register(reg, *v); err != nil {
@@ -68,9 +80,15 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 		redisErrors:  redisErrors.WithLabelValues(dep),
 		leaseLost:    leaseLost.WithLabelValues(dep),
 		failOpen:     failOpen.WithLabelValues(dep),
+		unreadLeases: map[unreadResult]prometheus.Counter{},
 		slotWait:     wait.WithLabelValues(dep),
 	}
-	for o, name := range map[protocol.Outcome]string{protocol.Success: "success", protocol.Failure: "failure", protocol.Timeout: "timeout"} {
+	for _, r := range []unreadResult{unreadQueued, unreadForgotten, unreadExpired, unreadDropped} {
+		m.unreadLeases[r] = unread.WithLabelValues(dep, string(r))
+	}
+	for o, name := range map[protocol.Outcome]string{
+		protocol.Success: "success", protocol.Failure: "failure", protocol.Timeout: "timeout", protocol.Cancelled: "cancelled",
+	} {
 		var byAttempt [4]prometheus.Counter
 		for i, a := range attemptLabels {
 			byAttempt[i] = calls.WithLabelValues(dep, name, a)
@@ -86,10 +104,17 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 	return m, nil
 }
 
+// call counts a call by outcome; an outcome the protocol does not know (a
+// custom Classify's mistake) is not counted: Done reports it as an error.
 func (m *metrics) call(o protocol.Outcome, attempt int) {
-	i := min(max(attempt, 1), 4) - 1
-	m.calls[o][i].Inc()
+	byAttempt, ok := m.calls[o]
+	if !ok {
+		return
+	}
+	byAttempt[min(max(attempt, 1), 4)-1].Inc()
 }
+
+func (m *metrics) unread(r unreadResult) { m.unreadLeases[r].Inc() }
 
 // register registers col, or returns the collector already registered under
 // its name, so that several guards (one per dependency) share one registry.

@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -14,105 +15,161 @@ import (
 type Permit struct {
 	g          *Guard
 	job        Job
+	parent     context.Context // the caller's context
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
 	member     string
 	probeEpoch int64
 	limit      int64
 	local      bool
-	renewer    *time.Timer
 
-	mu   sync.Mutex
-	done bool
+	mu      sync.Mutex
+	done    bool
+	renewer *time.Timer
+	// expires is when the lease has expired in Redis at the latest, by the
+	// local monotonic clock: the last acquire or renew that Redis answered,
+	// counted from when it was sent, plus the lease TTL.
+	expires time.Time
+	// endOfLife is when the Permit stops renewing (MaxCallLifetime).
+	endOfLife time.Time
 }
 
-func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission) *Permit {
-	p := &Permit{g: g, job: job, member: adm.Member, limit: adm.Limit}
+func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission, sent time.Time) *Permit {
+	p := &Permit{
+		g: g, job: job, parent: ctx, member: adm.Member, limit: adm.Limit,
+		expires:   sent.Add(g.opts.LeaseTTL),
+		endOfLife: sent.Add(g.opts.MaxCallLifetime),
+	}
 	if adm.State == protocol.HalfOpen {
 		p.probeEpoch = adm.Epoch // only probes are checked against the epoch
 	}
 	p.ctx, p.cancel = context.WithCancelCause(WithAttempt(ctx, job.attempt()))
 	// The timer's callback takes p.mu, so it sees p.renewer assigned.
 	p.mu.Lock()
-	p.renewer = time.AfterFunc(g.opts.LeaseTTL/3, p.renew)
+	p.renewer = time.AfterFunc(p.nextRenew(g.opts.LeaseTTL/3), p.renew)
 	p.mu.Unlock()
 	return p
 }
 
 func (g *Guard) newLocalPermit(ctx context.Context, job Job) *Permit {
-	p := &Permit{g: g, job: job, local: true}
+	p := &Permit{g: g, job: job, parent: ctx, local: true}
 	p.ctx, p.cancel = context.WithCancelCause(WithAttempt(ctx, job.attempt()))
 	return p
 }
 
 // Context is the context the call should run under: it carries the attempt
 // number (see AttemptFromContext) and is cancelled with ErrLeaseLost if the
-// lease expires before it could be renewed.
+// lease expires before it could be renewed, or with ErrLifetimeExceeded after
+// MaxCallLifetime.
 func (p *Permit) Context() context.Context { return p.ctx }
 
 // Limit is the fleet-wide limit in force when the call was admitted; 0 for a
 // call admitted by the local fail-open cap.
 func (p *Permit) Limit() int64 { return p.limit }
 
+// nextRenew is the delay to the next renewal wanted after d, brought forward
+// to the end of the Permit's lifetime. p.mu must be held.
+func (p *Permit) nextRenew(d time.Duration) time.Duration {
+	return max(min(d, time.Until(p.endOfLife)), 0)
+}
+
 // renew extends the lease every third of its TTL while the call runs. A renew
 // that finds the lease gone reports the loss and cancels the call; it never
-// re-acquires silently. A renew that cannot reach Redis tries again at the
-// next tick: the lease is still valid until its TTL runs out.
+// re-acquires silently. A renew that cannot reach Redis tries again sooner;
+// once the lease's TTL has passed by the local clock since the last renewal
+// Redis answered, the fleet no longer counts the call, so it is cancelled
+// then, whether or not Redis answers: a slot taken by another call after
+// Redis returns must not run beside this one. Past MaxCallLifetime the
+// Permit stops renewing and cancels the call.
 func (p *Permit) renew() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.done {
 		return
 	}
-	ctx, cancel := p.g.redisContext(context.WithoutCancel(p.ctx))
-	held, err := p.g.proto.Renew(ctx, p.member, p.g.opts.LeaseTTL)
+	g := p.g
+	if !time.Now().Before(p.endOfLife) {
+		p.cancel(ErrLifetimeExceeded)
+		return
+	}
+	if !time.Now().Before(p.expires) {
+		p.lost()
+		return
+	}
+	ctx, cancel := g.redisContext(context.WithoutCancel(p.ctx))
+	sent := time.Now()
+	held, err := g.proto.Renew(ctx, p.member, g.opts.LeaseTTL)
 	cancel()
 	switch {
 	case err != nil:
-		p.g.metrics.redisErrors.Inc()
+		g.metrics.redisErrors.Inc()
+		p.renewer.Reset(p.nextRenew(min(g.opts.LeaseTTL/6, time.Until(p.expires))))
 	case !held:
-		p.g.metrics.leaseLost.Inc()
-		p.cancel(ErrLeaseLost)
+		p.lost()
+	default:
+		p.expires = sent.Add(g.opts.LeaseTTL)
+		p.renewer.Reset(p.nextRenew(g.opts.LeaseTTL / 3))
+	}
+}
+
+// lost cancels a call whose lease is gone. p.mu must be held.
+func (p *Permit) lost() {
+	p.g.metrics.leaseLost.Inc()
+	p.cancel(ErrLeaseLost)
+}
+
+// finish marks the Permit done and stops its renewals; false if it already was.
+func (p *Permit) finish() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return false
+	}
+	p.done = true
+	if p.renewer != nil {
+		p.renewer.Stop()
+	}
+	return true
+}
+
+// abandon releases the slot of a call that ended without Done (its function
+// panicked), counting nothing against the dependency. It does nothing after
+// Done.
+func (p *Permit) abandon() {
+	if !p.finish() {
 		return
 	}
-	p.renewer.Reset(p.g.opts.LeaseTTL / 3)
+	p.cancel(context.Canceled)
+	p.release(protocol.Cancelled)
 }
 
 // Done releases the slot and reports the call's outcome in one round trip,
 // then decides what happens to the job: nil on success, callErr itself for a
 // Permanent error, or an *Error with ActionRetry (after a jittered backoff, or
 // no earlier than the server's Retry-After) or ActionPark (the fleet's retry
-// budget is spent, or Redis could not say whether it is). Done works after
-// the caller's context is cancelled.
+// budget is spent, or Redis could not say whether it is). A call cut short
+// by the caller's cancellation, a lost lease or MaxCallLifetime is not the
+// dependency's failure: it is released as protocol.Cancelled, spends no retry
+// budget and returns an *Error with ActionDefer and reason ErrCancelled or
+// ErrLeaseLost (MaxCallLifetime counts as a timeout). Done works after the
+// caller's context is cancelled.
 func (p *Permit) Done(callErr error) error {
-	p.mu.Lock()
-	if p.done {
-		p.mu.Unlock()
+	if !p.finish() {
 		return errors.New("permit is already done")
 	}
-	p.done = true
-	if p.renewer != nil {
-		p.renewer.Stop()
-	}
-	p.mu.Unlock()
+	outcome := p.outcome(callErr)
 	p.cancel(context.Canceled)
+	if !outcome.Valid() {
+		p.release(protocol.Cancelled)
+		err := fmt.Errorf("classify returned the unknown outcome %q (want s, f, t or c): the call counted nothing", outcome)
+		if callErr != nil {
+			err = fmt.Errorf("%w; the call's error: %w", err, callErr)
+		}
+		return err
+	}
+	p.release(outcome)
 
 	g := p.g
-	outcome := g.opts.Classify(callErr)
-	g.metrics.call(outcome, p.job.attempt())
-	if p.local {
-		<-g.local
-	} else {
-		// The release outlives the caller's context: a cancelled call still
-		// frees its slot and reports.
-		ctx, cancel := g.redisContext(context.WithoutCancel(p.ctx))
-		_, err := g.proto.Release(ctx, p.member, p.probeEpoch, outcome, p.job.attempt())
-		cancel()
-		if err != nil {
-			g.metrics.redisErrors.Inc()
-		}
-	}
-
 	var perm *permanentError
 	switch {
 	case callErr == nil:
@@ -121,8 +178,55 @@ func (p *Permit) Done(callErr error) error {
 		return nil
 	case errors.As(callErr, &perm):
 		return perm.err
+	case outcome == protocol.Cancelled:
+		reason := ErrCancelled
+		if errors.Is(context.Cause(p.ctx), ErrLeaseLost) {
+			reason = ErrLeaseLost
+		}
+		return &Error{Action: ActionDefer, Reason: reason, After: g.jitterUp(g.opts.DeferDelay), Cause: callErr}
 	}
 	return g.decideRetry(p.ctx, p.job, callErr)
+}
+
+// outcome classifies a call that ended with callErr. A call that failed while
+// its context was cancelled by the caller or by the guard (lost lease) ended
+// for that reason, whatever the error says; one that ran past MaxCallLifetime
+// timed out. A call whose own deadline expired is the Classify's to judge: a
+// timeout by default. Must run before Done cancels the context itself.
+func (p *Permit) outcome(callErr error) protocol.Outcome {
+	var perm *permanentError
+	if callErr == nil || errors.As(callErr, &perm) || p.ctx.Err() == nil {
+		return p.g.opts.Classify(callErr)
+	}
+	switch cause := context.Cause(p.ctx); {
+	case errors.Is(cause, ErrLifetimeExceeded):
+		return protocol.Timeout
+	case errors.Is(cause, ErrLeaseLost), errors.Is(p.parent.Err(), context.Canceled):
+		return protocol.Cancelled
+	}
+	return p.g.opts.Classify(callErr)
+}
+
+// release frees the slot and reports outcome. The release outlives the
+// caller's context: a cancelled call still frees its slot. A release whose
+// reply is not read may not have run: its lease goes to the forgetter.
+func (p *Permit) release(outcome protocol.Outcome) {
+	g := p.g
+	g.metrics.call(outcome, p.job.attempt())
+	if p.local {
+		<-g.local
+		return
+	}
+	ctx, cancel := g.redisContext(context.WithoutCancel(p.ctx))
+	_, err := g.proto.Release(ctx, p.member, p.probeEpoch, outcome, p.job.attempt())
+	cancel()
+	if err != nil {
+		g.metrics.redisErrors.Inc()
+		p.mu.Lock()
+		expires := p.expires
+		p.mu.Unlock()
+		g.forget.add(unread{member: p.member, expires: expires})
+	}
 }
 
 // decideRetry asks the fleet's retry budget whether a failed job may retry,

@@ -160,6 +160,7 @@ var (
 	budgetScript    = script("budget")
 	windowScript    = script("window")
 	publishScript   = script("publish")
+	readScript      = script("read")
 	supersedeScript = script("supersede")
 	forgetScript    = script("forget")
 	noopScript      = func() *redis.Script {

@@ -36,6 +36,24 @@ type Published struct {
 	RampStep        int
 	RampStepStarted time.Time
 
+	// HalfOpenProbes is the policy's breaker.halfOpenProbes: how many calls
+	// workers admit at a time under the dead-man rule (StaleAfter).
+	HalfOpenProbes int64
+	// StaleAfter is the dead-man bound: when no controller has published for
+	// StaleAfter since UpdatedAt, workers treat an Open state as HalfOpen
+	// with at most HalfOpenProbes calls in flight, until a controller
+	// publishes again; Ramping and Closed keep their limit. 0 turns the rule
+	// off. It is stored in whole milliseconds.
+	StaleAfter time.Duration
+
+	// Seq fences publications: ReadPublished returns the sequence number
+	// stored with the state, and Publish(p) stores p.Seq+1, refused with
+	// ErrStaleSequence when Redis already holds a sequence above p.Seq, that
+	// is when anyone published after the state p was planned from was read.
+	// A zero Seq is not fenced: Publish stores the stored sequence plus one
+	// (a first publication, or a tool that read nothing).
+	Seq int64
+
 	// UpdatedAt is when Redis stored this state (Redis time); read only.
 	UpdatedAt time.Time
 }
@@ -65,8 +83,15 @@ func StatsRetention(p Published) time.Duration {
 // another controller wrote after this one decided.
 var ErrStaleEpoch = errors.New("redis holds a newer epoch")
 
+// ErrStaleSequence means Redis holds a publication newer than the state the
+// one being published was planned from: another controller (a deposed leader
+// still inside its lease, or the new one) published after this one read.
+var ErrStaleSequence = errors.New("redis holds a newer publication")
+
 // Publish writes p in one script. A write whose epoch is lower than the one
-// stored is refused with ErrStaleEpoch. It returns Redis's time of the write.
+// stored is refused with ErrStaleEpoch; one planned from a state older than
+// the one stored (see Published.Seq) with ErrStaleSequence. It returns Redis's
+// time of the write.
 func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
 	if p.State == "" {
 		return time.Time{}, errors.New("state must not be empty")
@@ -74,8 +99,16 @@ func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
 	if p.Limit < 0 || p.Capacity < 1 {
 		return time.Time{}, fmt.Errorf("limit must be >= 0 and capacity >= 1, got %d and %d", p.Limit, p.Capacity)
 	}
+	if p.Seq < 0 || p.HalfOpenProbes < 0 || p.StaleAfter < 0 {
+		return time.Time{}, fmt.Errorf("seq, half-open probes and stale-after must be >= 0, got %d, %d and %v", p.Seq, p.HalfOpenProbes, p.StaleAfter)
+	}
+	var seq int64
+	if p.Seq > 0 {
+		seq = p.Seq + 1
+	}
 	args := []any{
 		p.Epoch,
+		seq,
 		"state", string(p.State),
 		"limit", p.Limit,
 		"capacity", p.Capacity,
@@ -94,6 +127,8 @@ func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
 		"ctrl_breaker_since_ms", millis(p.BreakerSince),
 		"ctrl_ramp_step", p.RampStep,
 		"ctrl_ramp_step_started_ms", millis(p.RampStepStarted),
+		"half_open_probes", p.HalfOpenProbes,
+		"stale_after_ms", p.StaleAfter.Milliseconds(),
 	}
 	res, err := publishScript.Run(ctx, c.rdb, c.publishKeys, args...).Slice()
 	if err != nil {
@@ -107,19 +142,53 @@ func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	if ok != 1 {
+	switch ok {
+	case 1:
+		return time.UnixMilli(v), nil
+	case 0:
 		return time.Time{}, fmt.Errorf("%s at epoch %d, publishing %d: %w", c.dep, v, p.Epoch, ErrStaleEpoch)
+	case 2:
+		return time.Time{}, fmt.Errorf("%s at sequence %d, publishing a plan made at %d: %w", c.dep, v, p.Seq, ErrStaleSequence)
 	}
-	return time.UnixMilli(v), nil
+	return time.Time{}, fmt.Errorf("unexpected publish reply %v", res)
 }
 
 // ReadPublished reads the state the controller last wrote. The boolean is
 // false when there is none.
 func (c *Client) ReadPublished(ctx context.Context) (Published, bool, error) {
-	m, err := c.rdb.HGetAll(ctx, c.keys.State).Result()
+	p, ok, _, err := c.ReadPublishedAt(ctx)
+	return p, ok, err
+}
+
+// ReadPublishedAt is ReadPublished that also returns Redis's time of the
+// read, from the node that holds the state: the time a controller must plan
+// by, since workers count outcomes and the scripts compare in Redis time.
+func (c *Client) ReadPublishedAt(ctx context.Context) (Published, bool, time.Time, error) {
+	res, err := readScript.Run(ctx, c.rdb, []string{c.keys.State}).Slice()
 	if err != nil {
-		return Published{}, false, fmt.Errorf("failed to read the state of %s: %w", c.dep, err)
+		return Published{}, false, time.Time{}, fmt.Errorf("failed to read the state of %s: %w", c.dep, err)
 	}
+	nowMS, err := intAt(res, 0)
+	if err != nil {
+		return Published{}, false, time.Time{}, err
+	}
+	now := time.UnixMilli(nowMS)
+	fields, _ := res[1].([]any)
+	if len(fields)%2 != 0 {
+		return Published{}, false, time.Time{}, fmt.Errorf("unexpected state reply %v", res)
+	}
+	m := make(map[string]string, len(fields)/2)
+	for i := 0; i < len(fields); i += 2 {
+		k, _ := fields[i].(string)
+		v, _ := fields[i+1].(string)
+		m[k] = v
+	}
+	p, ok, err := c.parsePublished(m)
+	return p, ok, now, err
+}
+
+// parsePublished decodes the state hash m.
+func (c *Client) parsePublished(m map[string]string) (Published, bool, error) {
 	if len(m) == 0 {
 		return Published{}, false, nil
 	}
@@ -153,6 +222,9 @@ func (c *Client) ReadPublished(ctx context.Context) (Published, bool, error) {
 		BreakerSince:    fromMillis(num("ctrl_breaker_since_ms")),
 		RampStep:        int(num("ctrl_ramp_step")),
 		RampStepStarted: fromMillis(num("ctrl_ramp_step_started_ms")),
+		HalfOpenProbes:  num("half_open_probes"),
+		StaleAfter:      ms("stale_after_ms"),
+		Seq:             num("seq"),
 		UpdatedAt:       fromMillis(num("updated_at_ms")),
 	}, true, nil
 }

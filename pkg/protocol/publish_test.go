@@ -36,6 +36,8 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 			RampStep:      3,
 
 			RampStepStarted: base.Add(-7 * time.Second),
+			HalfOpenProbes:  4,
+			StaleAfter:      45500 * time.Millisecond,
 		}
 		at, err := c.Publish(ctx, want)
 		if err != nil {
@@ -52,6 +54,7 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 			t.Errorf("UpdatedAt = %v, want the publish time %v", got.UpdatedAt, at)
 		}
 		got.UpdatedAt = time.Time{}
+		want.Seq = 1 // the first publication
 		checkPublished(t, got, want)
 
 		// The raw hash holds the derived fields workers read, with the units
@@ -71,13 +74,16 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 			"breaker_window_s": "45",
 			// max(45s, 90s) + 1m
 			"stats_retention_s": "150",
+			"seq":               "1",
+			"half_open_probes":  "4",
+			"stale_after_ms":    "45500",
 		} {
 			if m[field] != v {
 				t.Errorf("state field %s = %q, want %q", field, m[field], v)
 			}
 		}
-		if len(m) != 21 {
-			t.Errorf("state hash has %d fields, want 21: %v", len(m), m)
+		if len(m) != 24 {
+			t.Errorf("state hash has %d fields, want 24: %v", len(m), m)
 		}
 
 		// Zero times and rates survive as zero.
@@ -89,7 +95,32 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		got.UpdatedAt = time.Time{}
+		zero.Seq = 2
 		checkPublished(t, got, zero)
+	})
+}
+
+// TestReadPublishedAt returns Redis's time with the state, and with no state.
+func TestReadPublishedAt(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		_, ok, now, err := c.ReadPublishedAt(ctx)
+		if err != nil || ok {
+			t.Fatalf("ReadPublishedAt before any publish = ok %v, err %v; want false, nil", ok, err)
+		}
+		if d := time.Since(now); d < -time.Second || d > 5*time.Second {
+			t.Errorf("ReadPublishedAt returned Redis time %v, %v from the local clock", now, d)
+		}
+		at := mustPublish(t, c, policy(10))
+		p, ok, now, err := c.ReadPublishedAt(ctx)
+		if err != nil || !ok {
+			t.Fatalf("ReadPublishedAt = ok %v, err %v", ok, err)
+		}
+		if now.Before(at) || !p.UpdatedAt.Equal(at) || p.Limit != 10 {
+			t.Errorf("ReadPublishedAt = limit %d updated %v at %v; want 10, %v, not before it", p.Limit, p.UpdatedAt, now, at)
+		}
 	})
 }
 
@@ -208,6 +239,77 @@ func TestVersionMismatch(t *testing.T) {
 		}
 		if n, _ := rdb.ZCount(ctx, c.Keys().Leases, "(-inf", "+inf").Result(); n != 0 {
 			t.Errorf("a refused acquisition left %d leases", n)
+		}
+	})
+}
+
+// TestPublishOutOfOrder: two managers read the same state and plan from it at
+// the same epoch, with different views of the spec (a deposed leader's cache
+// still holds the old capacity). B publishes first; A's publish, planned
+// before B's, must be refused instead of overwriting the newer decision. A
+// publishes again once it has re-read.
+func TestPublishOutOfOrder(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		a := newClient(t, rdb)
+		b, err := protocol.NewClient(rdb, a.Dependency())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := ctxT(t)
+		first := policy(40)
+		first.Epoch = 3
+		mustPublish(t, a, first)
+
+		readA, _, err := a.ReadPublished(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readB, _, err := b.ReadPublished(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		planA, planB := readA, readB
+		planA.Limit, planA.Capacity = 40, 40
+		planB.Limit, planB.Capacity = 20, 20
+
+		mustPublish(t, b, planB)
+		if _, err := a.Publish(ctx, planA); !errors.Is(err, protocol.ErrStaleSequence) {
+			t.Errorf("A's publish, planned before B's: err = %v, want ErrStaleSequence", err)
+		}
+		got, _, err := a.ReadPublished(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Limit != 20 || got.Epoch != 3 || got.Seq != readB.Seq+1 {
+			t.Fatalf("after A's late publish: limit %d epoch %d seq %d, want B's 20 at epoch 3, seq %d", got.Limit, got.Epoch, got.Seq, readB.Seq+1)
+		}
+
+		// A re-reads and plans again: accepted.
+		again, _, err := a.ReadPublished(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again.Limit = 30
+		mustPublish(t, a, again)
+		if got, _, _ = a.ReadPublished(ctx); got.Limit != 30 || got.Seq != again.Seq+1 {
+			t.Errorf("after A re-read and published: limit %d seq %d, want 30 and %d", got.Limit, got.Seq, again.Seq+1)
+		}
+
+		// A higher epoch planned from an old state is refused too.
+		late := again
+		late.Epoch = 4
+		late.State = protocol.Open
+		if _, err := b.Publish(ctx, late); !errors.Is(err, protocol.ErrStaleSequence) {
+			t.Errorf("a new epoch planned from an old state: err = %v, want ErrStaleSequence", err)
+		}
+		// A zero sequence is not fenced: it follows the stored one.
+		unfenced := got
+		unfenced.Seq = 0
+		unfenced.Limit = 25
+		mustPublish(t, b, unfenced)
+		if got, _, _ = a.ReadPublished(ctx); got.Limit != 25 || got.Seq != again.Seq+2 {
+			t.Errorf("after an unfenced publish: limit %d seq %d, want 25 and %d", got.Limit, got.Seq, again.Seq+2)
 		}
 	})
 }
