@@ -595,5 +595,21 @@ func TestMinuteTotals(t *testing.T) {
 		if want := windowFromCounters(t, rdb, c, at.Unix(), 3600, time.Time{}); w != want {
 			t.Errorf("1 h window at %v = %+v, the counters sum to %+v", at, w, want)
 		}
+
+		// After a clock step back (seen is a later minute) no minute is
+		// claimed: both fields restart at this minute.
+		if err := rdb.HSet(ctx, key, "seen", now-now%60+600).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Release(ctx, "", 0, protocol.Timeout, 1); err != nil { // the first timeout of its second
+			t.Fatal(err)
+		}
+		got, err = rdb.HMGet(ctx, key, "seen", "rolled_from").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := redisNow(t, rdb).Unix(); got[0] != got[1] || (got[0] != strconv.FormatInt(m-m%60, 10) && got[0] != strconv.FormatInt(m-m%60-60, 10)) {
+			t.Errorf("after a clock step back seen = %v and rolled_from = %v, want both this minute (%d)", got[0], got[1], m-m%60)
+		}
 	})
 }
