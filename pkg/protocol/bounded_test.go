@@ -613,3 +613,43 @@ func TestMinuteTotals(t *testing.T) {
 		}
 	})
 }
+
+// TestColdHourReadOfAYoungHash: a dependency whose stats hash is minutes old
+// (a new policy, or the first hour after an upgrade to new keys) has no
+// counters before the hash was made, whichever script made it. A cold read
+// of a 1 h window must not name the seconds of the hour before.
+func TestColdHourReadOfAYoungHash(t *testing.T) {
+	t.Parallel()
+	for _, first := range []string{"release", "window", "budget"} {
+		t.Run("made by "+first, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			rdb := srv.Client()
+			mon := startMonitor(t, srv)
+			c := newClient(t, rdb)
+			ctx := ctxT(t)
+			p := policy(1_000_000)
+			p.BreakerWindow, p.Budget.Window = time.Hour, time.Hour
+			mustPublish(t, c, p)
+			switch first {
+			case "release":
+				if _, err := c.Release(ctx, "", 0, protocol.Success, 1); err != nil {
+					t.Fatal(err)
+				}
+			case "window":
+				mustWindow(t, c, time.Hour, time.Time{})
+			case "budget":
+				if _, err := c.RetryBudget(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rng := rand.New(rand.NewPCG(9, 10))
+			for range 20 {
+				reportAtRandom(t, c, rng)
+			}
+			for i := range 2 {
+				coldReads(t, mon, rdb, c, i+1)
+			}
+		})
+	}
+}
