@@ -364,8 +364,9 @@ func TestStatsFarBehindSweepIsIncremental(t *testing.T) {
 // and no failed job asking the budget, releases alone keep the stats hash
 // bounded. Two hours of reports (one successful call a second) are written
 // behind the cursor of a controller that went away two hours ago; within
-// 45 s of releases (about 20 s are enough) the hash must hold only the retention's seconds,
-// and no release may touch more than a bounded number of fields.
+// 45 s of releases (about 20 s are enough) the hash must hold only the
+// retention's seconds, and no release may touch more than a bounded number
+// of fields.
 func TestStatsBoundedWithoutController(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
