@@ -544,7 +544,7 @@ func statsSeconds(t *testing.T, rdb redis.UniversalClient, c *protocol.Client) m
 	}
 	out := map[int64]bool{}
 	for _, k := range keys {
-		if k == "pruned" || k == "retention" || k == "sweep" || k == "sweep_upto" || k == "seen" || k == "rolled_from" || k == "encoding" || strings.HasPrefix(k, "budget_") || strings.HasPrefix(k, "window_") {
+		if k == "pruned" || k == "retention" || k == "sweep" || k == "sweep_upto" || k == "seen" || k == "rolled_from" || k == "born" || k == "encoding" || strings.HasPrefix(k, "budget_") || strings.HasPrefix(k, "window_") {
 			continue
 		}
 		s, _, ok := strings.Cut(k, ":")
@@ -635,9 +635,9 @@ func TestStatsPruning(t *testing.T) {
 		}
 		elapsed := redisNow(t, rdb).Unix() - now
 		// Nine counters a second and nine minute totals a minute, plus
-		// pruned, retention, seen, rolled_from, encoding, and the budget's and
-		// the window's cached totals (2 + 4 and 2 + 9 fields).
-		const bookkeeping = 1 + 1 + 1 + 1 + 1 + 6 + 11
+		// pruned, retention, seen, rolled_from, born, encoding, and the
+		// budget's and the window's cached totals (2 + 4 and 2 + 9 fields).
+		const bookkeeping = 1 + 1 + 1 + 1 + 1 + 1 + 6 + 11
 		if limit := 9*(elapsed+2) + 9*(elapsed/60+2) + bookkeeping; n > limit {
 			t.Errorf("stats hash has %d fields after %d s, want at most %d", n, elapsed, limit)
 		}

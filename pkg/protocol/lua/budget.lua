@@ -14,12 +14,13 @@ local names = {'s', 'f', 't', 'g'}
 
 -- The window is (now_s - window, now_s]: the cached totals of its closed
 -- seconds (lib.lua closed_totals) and the current second, read in one HMGET.
+born(KEYS[2], now_s)
 local p = int(now_s) .. ':'
 local fields = cache_fields('budget', names, {})
 for i = 1, #names do fields[#fields + 1] = p .. names[i] end
 local c = redis.call('HMGET', KEYS[2], unpack(fields))
 local t = closed_totals(KEYS[2], 'budget', names, now_s - window, now_s, c)
-local k = 4 + #names
+local k = 5 + #names
 local calls = t[1] + t[2] + t[3] + (tonumber(c[k + 1]) or 0) + (tonumber(c[k + 2]) or 0) + (tonumber(c[k + 3]) or 0)
 local granted = t[4] + (tonumber(c[k + 4]) or 0)
 prune(KEYS[2], now_s, math.floor(tonumber(st[8]) or 3660))

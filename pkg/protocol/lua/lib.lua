@@ -22,20 +22,22 @@ end
 
 -- Sums the counters named by names over the seconds (from_s, to_s], reading
 -- at most 4000 fields per HMGET: unpack() takes at most about 8000 values.
--- roll, when given, is {rolled_from, seen, the current minute} (see
+-- roll, when given, is {rolled_from, seen, the current minute, born} (see
 -- keep_stats): a whole minute m of the range with rolled_from <= m < seen is
 -- read from its minute totals '<m>:m<suffix>' (9 fields instead of 540), one
 -- with seen < m < the current minute is skipped (no report came in it, so it
--- has no counters). Each second's prefix is formatted once; the loops index
--- arrays directly.
+-- has no counters), and so are the seconds before rolled_from when born is
+-- true (the hash had no counters then). Each second's prefix is formatted
+-- once; the loops index arrays directly.
 local function sum(stats, from_s, to_s, names, roll)
   local n = #names
   local totals = {}
   for i = 1, n do totals[i] = 0 end
   local fields, index, k = {}, {}, 0
-  local rolled_from, seen, minute
-  if roll then rolled_from, seen, minute = roll[1], roll[2], roll[3] end
+  local rolled_from, seen, minute, born
+  if roll then rolled_from, seen, minute, born = roll[1], roll[2], roll[3], roll[4] end
   local s = from_s + 1
+  if born and s < rolled_from then s = rolled_from end
   while s <= to_s do
     if rolled_from and s % 60 == 0 and s + 59 <= to_s and s >= rolled_from and s ~= seen and s < minute then
       if s < seen then
@@ -67,9 +69,9 @@ local function sum(stats, from_s, to_s, names, roll)
 end
 
 -- One step of the sweep that prune starts when its cursor lags more than an
--- hour: HSCAN from cursor (COUNT 500, so a step touches about 500 fields
--- whatever the hash's size), deleting the counters of seconds at or before
--- target. upto is the lowest target seen since the sweep began: once the scan
+-- hour: HSCAN from cursor (COUNT 250, so a step touches about 250 fields
+-- whatever the hash's size), deleting the counters (and minute totals) of
+-- seconds at or before target. upto is the lowest target seen since the sweep began: once the scan
 -- ends, every counter at or before it is gone (HSCAN returns every field
 -- that is present from its start to its end; no script writes a past second)
 -- and the cursor 'pruned' moves to it. Until then the fields 'sweep' (the
@@ -77,7 +79,7 @@ end
 -- sweep's progress.
 local function sweep_step(stats, cursor, target, upto)
   upto = math.min(upto, target)
-  local r = redis.call('HSCAN', stats, cursor, 'COUNT', 500)
+  local r = redis.call('HSCAN', stats, cursor, 'COUNT', 250)
   local kv, old = r[2], {}
   for i = 1, #kv, 2 do
     local s = tonumber(string.match(kv[i], '^(%d+):'))
@@ -165,7 +167,8 @@ end
 -- between it and this one had no counters. 'rolled_from' is the minute of
 -- the first call: from it up to 'seen' (excluded) every minute has its
 -- totals or no counters, which lets sum read an hour in 60 fields per
--- counter instead of 3600.
+-- counter instead of 3600. 'born' says that the hash had no counters before
+-- 'rolled_from' either (see born()): a young hash's hour costs no more.
 --
 -- release prunes here because the expiry it refreshes every second would
 -- otherwise keep a hash that nobody prunes alive, and growing, for as long
@@ -182,22 +185,38 @@ local function keep_stats(stats, now_s, pruned)
     if seen and tonumber(r[2]) and seen < minute then
       roll_minute(stats, seen)
       redis.call('HSET', stats, 'seen', int(minute))
+    elseif not seen and redis.call('HLEN', stats) <= 2 then
+      -- The first report made the hash: this count and 'encoding'.
+      redis.call('HSET', stats, 'seen', int(minute), 'rolled_from', int(minute), 'born', '1')
     else
-      -- The first report, or the clock went back: start afresh.
+      -- The first report into a hash that has counters (written by hand),
+      -- or the clock went back: start afresh, claiming nothing before.
       redis.call('HSET', stats, 'seen', int(minute), 'rolled_from', int(minute))
+      redis.call('HDEL', stats, 'born')
     end
   end
   if not pruned then prune(stats, now_s) end
 end
 
+-- Called by window and budget before they write: when the stats hash does
+-- not exist yet, it has no counters, so it is marked born at this minute
+-- (keep_stats) and sums never read the seconds before it.
+local function born(stats, now_s)
+  if redis.call('EXISTS', stats) == 0 then
+    local minute = int(now_s - now_s % 60)
+    redis.call('HSET', stats, 'seen', minute, 'rolled_from', minute, 'born', '1')
+  end
+end
+
 -- The names of the fields that cache the totals of tag ('budget', 'window'):
--- <tag>_upto, <tag>_from, rolled_from, seen (keep_stats), then
+-- <tag>_upto, <tag>_from, rolled_from, seen, born (keep_stats), then
 -- <tag>_<name> for each name; appended to fields, which is returned.
 local function cache_fields(tag, names, fields)
   fields[#fields + 1] = tag .. '_upto'
   fields[#fields + 1] = tag .. '_from'
   fields[#fields + 1] = 'rolled_from'
   fields[#fields + 1] = 'seen'
+  fields[#fields + 1] = 'born'
   for i = 1, #names do fields[#fields + 1] = tag .. '_' .. names[i] end
   return fields
 end
@@ -210,7 +229,8 @@ end
 -- and moved forward: the seconds (u, now_s - 1] are added and (f, from_s]
 -- subtracted, so a read costs the seconds that passed since the last one,
 -- not the window's length. cached holds the fields of cache_fields as HMGET
--- returned them; sums use the minute totals (keep_stats). The totals are summed afresh when the cache is missing, ahead of the
+-- returned them; every sum reads the minute totals (keep_stats) where it
+-- can. The totals are summed afresh when the cache is missing, ahead of the
 -- clock or of from_s, either bound more than 50 s behind (the seconds to
 -- subtract may be pruned: the retention exceeds every window by 60 s; and a
 -- new transition is cheaper summed) or when they come out negative.
@@ -221,12 +241,12 @@ local function closed_totals(stats, tag, names, from_s, now_s, cached)
   local upto, from = tonumber(cached[1]), tonumber(cached[2])
   local roll
   if tonumber(cached[3]) and tonumber(cached[4]) then
-    roll = {tonumber(cached[3]), tonumber(cached[4]), now_s - now_s % 60}
+    roll = {tonumber(cached[3]), tonumber(cached[4]), now_s - now_s % 60, cached[5] == '1'}
   end
   local totals
   if upto and from and upto <= last and from <= from_s and last - upto <= 50 and from_s - from <= 50 then
     totals = {}
-    for i = 1, n do totals[i] = tonumber(cached[4 + i]) or -1 end
+    for i = 1, n do totals[i] = tonumber(cached[5 + i]) or -1 end
     if upto < last then
       local add = sum(stats, upto, last, names, roll)
       for i = 1, n do totals[i] = totals[i] + add[i] end

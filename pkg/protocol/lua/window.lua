@@ -12,13 +12,14 @@ local names = suffixes()
 -- The cached totals of the closed seconds (lib.lua closed_totals) and the
 -- current second, read in one HMGET. After a transition from_s stays put
 -- while the window grows, and the cache moves forward all the same.
+born(KEYS[2], now_s)
 local p = int(now_s) .. ':'
 local fields = cache_fields('window', names, {})
 for i = 1, #names do fields[#fields + 1] = p .. names[i] end
 local c = redis.call('HMGET', KEYS[2], unpack(fields))
 local totals = closed_totals(KEYS[2], 'window', names, from_s, now_s, c)
 if from_s < now_s then
-  local k = 4 + #names
+  local k = 5 + #names
   for i = 1, #names do totals[i] = totals[i] + (tonumber(c[k + i]) or 0) end
 end
 local retention = tonumber(redis.call('HGET', KEYS[1], 'stats_retention_s'))
