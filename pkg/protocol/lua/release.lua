@@ -28,7 +28,9 @@ if attempt < 1 then attempt = 1 end
 local p = t[1] .. ':'
 -- The first count of an outcome in a second sets the hash's expiry (an
 -- abandoned dependency's counters vanish after the longest retention, 1h
--- window + 1 minute, and a minute more) and its encoding field.
+-- window + 1 minute, and a minute more) and its encoding field, rolls the
+-- last minute's counters into minute totals, and prunes one step, so that the
+-- hash stays bounded when no controller reads it (lib.lua keep_stats).
 if redis.call('HINCRBY', KEYS[2], p .. ARGV[2], 1) == 1 then keep_stats(KEYS[2], tonumber(t[1])) end
 redis.call('HINCRBY', KEYS[2], p .. 'a' .. attempt, 1)
 if probe then redis.call('HINCRBY', KEYS[4], ARGV[2], 1) end
