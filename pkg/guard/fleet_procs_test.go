@@ -58,7 +58,7 @@ type fleetConfig struct {
 	leaseTTL          time.Duration // 0: the guard's default
 }
 
-// defaultFleet is issue 10's fleet: 8 × 64 on defaults, limit 40 then 10.
+// defaultFleet is a new user's fleet: 8 × 64 on defaults, limit 40 then 10.
 func defaultFleet() fleetConfig {
 	return fleetConfig{
 		procs: 8, goroutines: 64,

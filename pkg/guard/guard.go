@@ -49,16 +49,18 @@ type Options struct {
 	// acquisitions no longer hold slots for the TTL, it only decides how
 	// long a killed pod's slots stay taken, against how long Redis may be
 	// away (a Sentinel failover takes seconds to tens of seconds) before
-	// long calls are cancelled; the issue-10 fleet (8 × 64 goroutines,
-	// limit 40 then 10, 50ms calls) left no lease behind at 30s.
+	// long calls are cancelled. The fleet of
+	// TestFleetOnDefaultsUsesItsSlotsUnderLoad (8 × 64 goroutines, limit 40
+	// then 10, 50ms calls) left no lease behind at 30s.
 	LeaseTTL time.Duration
 	// RedisTimeout bounds every Redis round trip a call waits for, and so
 	// how long a call waits before it is refused when Redis does not
 	// answer. Default 250ms. The client must have ContextTimeoutEnabled so
 	// the bound reaches the socket.
 	//
-	// The default is measured: the issue-10 fleet on two shared, loaded
-	// cores (load average 7-15, a core burnt) saw 5-11% of its
+	// The default is measured (docs/benchmarks.md): the fleet of
+	// TestFleetOnDefaultsUsesItsSlotsUnderLoad on two shared, loaded cores
+	// (load average 7-15, a core burnt) saw 5-11% of its
 	// acquisitions refused as Redis unavailable at 50ms, 1-3% at 100ms and
 	// at most 1% at 250ms (0 at 500ms), acquire p99 about 100-200ms: a
 	// starved process (CPU-throttled pods wait out 100ms CFS periods) reads
