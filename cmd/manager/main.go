@@ -49,6 +49,10 @@ type redisOptions struct {
 	// sentinelAddrs monitor the master; addrs is then unused.
 	sentinelMaster string
 	sentinelAddrs  []string
+	// sentinelUsername and sentinelPasswordFile authenticate to the
+	// sentinels themselves, which may have credentials of their own.
+	sentinelUsername     string
+	sentinelPasswordFile string
 }
 
 func main() {
@@ -100,6 +104,10 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		"Redis is managed by Sentinel, which monitors its master under this name; set --redis-sentinel-addr instead of --redis-addr.")
 	fs.StringVar(&sentinelAddr, "redis-sentinel-addr", "",
 		"Comma-separated host:port addresses of the sentinels, with --redis-sentinel-master. The manager asks them for the master and follows a failover.")
+	fs.StringVar(&o.redis.sentinelUsername, "redis-sentinel-username", "",
+		"ACL user name for the sentinels, with --redis-sentinel-master; empty for the default user.")
+	fs.StringVar(&o.redis.sentinelPasswordFile, "redis-sentinel-password-file", "",
+		"File holding the sentinels' password, with --redis-sentinel-master (mount it from a Secret). Read at start-up: restart the manager after rotating it.")
 	fs.DurationVar(&o.redis.timeout, "redis-timeout", 500*time.Millisecond,
 		"Bound on each Redis operation, so an unreachable Redis never holds up other policies.")
 	o.zap.BindFlags(fs)
@@ -116,6 +124,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		return options{}, fmt.Errorf("--redis-sentinel-master needs --redis-sentinel-addr, the sentinels' addresses")
 	case !sentinel && len(o.redis.sentinelAddrs) > 0:
 		return options{}, fmt.Errorf("--redis-sentinel-addr needs --redis-sentinel-master, the name the sentinels monitor the master under")
+	case !sentinel && (o.redis.sentinelUsername != "" || o.redis.sentinelPasswordFile != ""):
+		return options{}, fmt.Errorf("--redis-sentinel-username and --redis-sentinel-password-file need --redis-sentinel-master")
 	case sentinel && (addrSet || o.redis.cluster):
 		return options{}, fmt.Errorf("--redis-sentinel-master excludes --redis-addr and --redis-cluster: the sentinels name the master")
 	case sentinel:

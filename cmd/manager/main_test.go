@@ -63,6 +63,13 @@ func TestParseFlags(t *testing.T) {
 			wantErr: "excludes --redis-addr"},
 		{name: "sentinel excludes --redis-cluster", args: []string{"--redis-sentinel-master=m", "--redis-sentinel-addr=s1:26379", "--redis-cluster"},
 			wantErr: "excludes --redis-addr and --redis-cluster"},
+		{name: "sentinel credentials need sentinels", args: []string{"--redis-sentinel-password-file=/p"}, wantErr: "need --redis-sentinel-master"},
+		{name: "sentinel credentials", args: []string{"--redis-sentinel-master=m", "--redis-sentinel-addr=s1:26379",
+			"--redis-sentinel-username=spill", "--redis-sentinel-password-file=/secret/pass"}, check: func(t *testing.T, o options) {
+			if o.redis.sentinelUsername != "spill" || o.redis.sentinelPasswordFile != "/secret/pass" {
+				t.Errorf("sentinel credentials = %q, %q", o.redis.sentinelUsername, o.redis.sentinelPasswordFile)
+			}
+		}},
 		{name: "leader election can be turned off", args: []string{"--leader-elect=false"}, check: func(t *testing.T, o options) {
 			if o.leaderElect {
 				t.Error("leaderElect = true")
@@ -216,5 +223,50 @@ func TestRedisSentinelClient(t *testing.T) {
 			t.Fatalf("set after the failover: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRedisSentinelPassword reaches the master through sentinels that require
+// a password of their own, read from --redis-sentinel-password-file; without
+// it the sentinels refuse to name the master.
+func TestRedisSentinelPassword(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, addr := range s.SentinelAddrs() {
+		admin := redis.NewClient(&redis.Options{Addr: addr})
+		err := admin.Do(ctx, "ACL", "SETUSER", "default", "on", ">sentinel-secret").Err()
+		admin.Close()
+		if err != nil {
+			t.Fatalf("set the password of sentinel %s: %v", addr, err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "sentinel-password")
+	if err := os.WriteFile(path, []byte("sentinel-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	connect := func(extra ...string) error {
+		args := append([]string{"--redis-sentinel-master=" + s.MasterName(), "--redis-sentinel-addr=" + strings.Join(s.SentinelAddrs(), ","),
+			"--redis-timeout=1s"}, extra...)
+		o, err := parseFlags(flag.NewFlagSet("manager", flag.ContinueOnError), args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdb, err := newRedisClient(o.redis)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rdb.Close()
+		return rdb.Set(ctx, "k", "v", 0).Err()
+	}
+	if err := connect(); err == nil {
+		t.Fatal("reached the master through password-protected sentinels without their password")
+	}
+	if err := connect("--redis-sentinel-password-file=" + path); err != nil {
+		t.Fatalf("set through password-protected sentinels: %v", err)
+	}
+	if _, err := newRedisClient(redisOptions{sentinelMaster: "m", sentinelAddrs: []string{"127.0.0.1:1"},
+		sentinelPasswordFile: filepath.Join(t.TempDir(), "missing")}); err == nil {
+		t.Error("a missing sentinel password file was accepted")
 	}
 }

@@ -37,13 +37,22 @@ func newRedisClient(o redisOptions) (redis.UniversalClient, error) {
 		}
 	}
 	addrs := o.addrs
+	var sentinelPassword string
 	if o.sentinelMaster != "" {
 		addrs = o.sentinelAddrs
+		if o.sentinelPasswordFile != "" {
+			var err error
+			if sentinelPassword, err = readFile(o.sentinelPasswordFile, "--redis-sentinel-password-file"); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return redis.NewUniversalClient(&redis.UniversalOptions{
 		Addrs:                      addrs,
 		IsClusterMode:              o.cluster,
 		MasterName:                 o.sentinelMaster,
+		SentinelUsername:           o.sentinelUsername,
+		SentinelPassword:           sentinelPassword,
 		Username:                   o.username,
 		CredentialsProviderContext: creds,
 		TLSConfig:                  tlsConfig,
@@ -75,9 +84,15 @@ func redisTLSConfig(caFile string) (*tls.Config, error) {
 // readPassword reads a password file, without the trailing newline that
 // editors and `echo` add.
 func readPassword(path string) (string, error) {
+	return readFile(path, "--redis-password-file")
+}
+
+// readFile reads the secret file named by flag, without the trailing newline
+// that editors and `echo` add.
+func readFile(path, flag string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("failed to read --redis-password-file: %w", err)
+		return "", fmt.Errorf("failed to read %s: %w", flag, err)
 	}
 	return strings.TrimRight(string(b), "\r\n"), nil
 }
