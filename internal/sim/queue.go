@@ -48,6 +48,9 @@ type call struct {
 	// capacity; a served call succeeds unless the dependency went down
 	// while it ran.
 	served bool
+	// probe is the HalfOpen epoch that admitted the call as a probe, 0 for
+	// an ordinary call.
+	probe int64
 }
 
 // lane holds calls that all take the same time, so they complete in the
