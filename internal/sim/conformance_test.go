@@ -106,7 +106,11 @@ func TestConformanceWithScripts(t *testing.T) {
 	scripts := &scriptSide{t: t, ctx: ctx, pc: pc, p: p, base: base}
 	var inFlightSim int64
 	var inFlightRedis []protocol.Admission
-	var inFlightProbes []int64
+	// The simulator's calls in flight: their jobs, and whether each is a
+	// probe.
+	var jobs int32
+	var inFlightJobs []int32
+	var inFlightProbes []bool
 
 	for k, s := range steps {
 		at := base.Add(time.Duration(k) * time.Second)
@@ -152,24 +156,26 @@ func TestConformanceWithScripts(t *testing.T) {
 				if !simOK {
 					t.Fatalf("%s: refused (%s), the script of the test expects an admission", where, adm.Code)
 				}
-				probe := ctl.started()
+				jobs++
+				probe := ctl.started(jobs)
 				cnt.startCall()
 				if op == 'h' {
 					inFlightSim++
 					inFlightRedis = append(inFlightRedis, adm)
+					inFlightJobs = append(inFlightJobs, jobs)
 					inFlightProbes = append(inFlightProbes, probe)
 					continue
 				}
 				cnt.outcome(op == 's')
-				ctl.released(probe, op == 's')
+				ctl.released(jobs, probe, op == 's')
 				scripts.release(where, adm, op == 's')
 			case 'e':
 				for j, adm := range inFlightRedis {
 					cnt.outcome(true)
-					ctl.released(inFlightProbes[j], true)
+					ctl.released(inFlightJobs[j], inFlightProbes[j], true)
 					scripts.release(where, adm, true)
 				}
-				inFlightSim, inFlightRedis, inFlightProbes = 0, nil, nil
+				inFlightSim, inFlightRedis, inFlightJobs, inFlightProbes = 0, nil, nil, nil
 			case 'b':
 				calls, granted := cnt.budgetWindow(clk.now, p.Budget.Window)
 				simOK := p.Budget.Allows(granted, calls)

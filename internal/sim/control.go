@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"slices"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/control"
@@ -24,6 +25,9 @@ type controller struct {
 	// it admitted: the probes hash.
 	probes   protocol.Probes
 	admitted int64
+	// running are the jobs of the current epoch's probes still in flight:
+	// a probe's outcome counts when its job is here as it ends.
+	running []int32
 }
 
 // newController starts Closed with the ramp done, as a policy never
@@ -59,7 +63,7 @@ func (c *controller) evaluate(cnt *counters, now time.Time) (closed, opened bool
 // publish makes next the published state; a new epoch clears the probes.
 func (c *controller) publish(next protocol.Published) {
 	if next.Epoch != c.pub.Epoch {
-		c.probes, c.admitted = protocol.Probes{}, 0
+		c.probes, c.admitted, c.running = protocol.Probes{}, 0, c.running[:0]
 	}
 	c.pub = next
 }
@@ -78,22 +82,29 @@ func (c *controller) allows(busy int64) bool {
 	return busy < c.pub.Limit
 }
 
-// started records that a call allows let through started, and returns the
-// epoch that admitted it as a probe, or 0 when it is not a probe.
-func (c *controller) started() (probe int64) {
+// started records that job's call, which allows let through, started, and
+// reports whether it is a probe: whether the state is HalfOpen.
+func (c *controller) started(job int32) (probe bool) {
 	if c.pub.State != protocol.HalfOpen {
-		return 0
+		return false
 	}
 	c.admitted++
-	return c.pub.Epoch
+	c.running = append(c.running, job)
+	return true
 }
 
-// released counts the outcome of a call that ended: a probe's, in the probes,
-// when its epoch is still the current HalfOpen one.
-func (c *controller) released(probe int64, ok bool) {
-	if probe == 0 || c.pub.State != protocol.HalfOpen || c.pub.Epoch != probe {
+// released counts the outcome of job's call, which ended: a probe's, in the
+// probes, when the epoch that admitted it is still the current one (its job
+// is still running in this epoch), which is then HalfOpen.
+func (c *controller) released(job int32, probe, ok bool) {
+	if !probe {
 		return
 	}
+	i := slices.Index(c.running, job)
+	if i < 0 {
+		return
+	}
+	c.running = slices.Delete(c.running, i, i+1)
 	if ok {
 		c.probes.Successes++
 	} else {

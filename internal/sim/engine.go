@@ -279,9 +279,9 @@ func (e *engine) dispatch() {
 			return
 		}
 		e.ready.pop()
-		var probe int64
+		var probe bool
 		if e.ctl != nil {
-			probe = e.ctl.started()
+			probe = e.ctl.started(id)
 		}
 		e.startCall(id, probe)
 	}
@@ -318,9 +318,9 @@ func (e *engine) admit() bool {
 	return e.params.RatePerSecond == 0 || e.counters.startsThisSecond < e.params.RatePerSecond
 }
 
-// startCall makes one call to the dependency; probe is the epoch that
-// admitted it as a probe, 0 for an ordinary call.
-func (e *engine) startCall(id int32, probe int64) {
+// startCall makes one call to the dependency; probe says that the controller
+// admitted it as a probe.
+func (e *engine) startCall(id int32, probe bool) {
 	now := e.clock.now
 	e.jobs[id].attempts++
 	e.busy++
@@ -345,7 +345,7 @@ func (e *engine) complete(c call) {
 	}
 	e.counters.outcome(ok)
 	if e.ctl != nil {
-		e.ctl.released(c.probe, ok)
+		e.ctl.released(c.job, c.probe, ok)
 	}
 	if ok {
 		e.finish(c.job, jobDone)

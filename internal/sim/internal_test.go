@@ -156,10 +156,10 @@ func TestControllerLimits(t *testing.T) {
 	// step reports ok and failed calls, each started under the published
 	// state (a probe while HalfOpen), then evaluates a second later.
 	step := func(ok, failed int64) {
-		for i := range ok + failed {
-			probe := c.started()
-			cnt.outcome(i < ok)
-			c.released(probe, i < ok)
+		for i := range int32(ok + failed) {
+			probe := c.started(i)
+			cnt.outcome(int64(i) < ok)
+			c.released(i, probe, int64(i) < ok)
 		}
 		clk.now += time.Second
 		cnt.closeSecond(int(clk.now / time.Second))
@@ -209,7 +209,7 @@ func TestControllerProbes(t *testing.T) {
 	if !c.allows(params.Capacity-1) || c.allows(params.Capacity) {
 		t.Fatalf("Closed: calls in flight must stay under the capacity %d", params.Capacity)
 	}
-	if c.started() != 0 {
+	if c.started(1) {
 		t.Fatalf("a call started Closed is not a probe")
 	}
 	for range 50 {
@@ -224,21 +224,21 @@ func TestControllerProbes(t *testing.T) {
 		t.Fatalf("state %s after openDuration, want HalfOpen", c.pub.State)
 	}
 	epoch := c.pub.Epoch
-	var probes []int64
-	for c.allows(1000) {
-		probes = append(probes, c.started())
-		if len(probes) > 10 {
-			break
+	var probes []int32
+	for job := int32(10); c.allows(1000) && job < 20; job++ {
+		if !c.started(job) {
+			t.Fatalf("a call started HalfOpen is a probe")
 		}
+		probes = append(probes, job)
 	}
-	if int64(len(probes)) != params.Breaker.HalfOpenProbes || probes[0] != epoch {
-		t.Fatalf("HalfOpen admitted %d probes of epoch %v, want %d of epoch %d in all", len(probes), probes, params.Breaker.HalfOpenProbes, epoch)
+	if int64(len(probes)) != params.Breaker.HalfOpenProbes {
+		t.Fatalf("HalfOpen admitted %d probes, want %d in all", len(probes), params.Breaker.HalfOpenProbes)
 	}
-	// A call of an earlier epoch ending now is no probe; two probes succeed.
-	c.released(0, true)
-	c.released(epoch-1, true)
-	c.released(probes[0], true)
-	c.released(probes[1], true)
+	// A call started before HalfOpen ending now is no probe; two probes
+	// succeed.
+	c.released(1, false, true)
+	c.released(probes[0], true, true)
+	c.released(probes[1], true, true)
 	if c.probes != (protocol.Probes{Successes: 2}) {
 		t.Fatalf("probes = %+v, want the two of this epoch", c.probes)
 	}
@@ -247,19 +247,25 @@ func TestControllerProbes(t *testing.T) {
 		t.Fatalf("two of three probes: state %s epoch %d, want HalfOpen %d", c.pub.State, c.pub.Epoch, epoch)
 	}
 	// The third fails: Open again, and its epoch's counts are gone.
-	c.released(probes[2], false)
+	c.released(probes[2], true, false)
 	tick(time.Second)
 	if c.pub.State != protocol.Open || c.probes != (protocol.Probes{}) || c.admitted != 0 {
 		t.Fatalf("after a failed probe: state %s probes %+v admitted %d, want Open and a fresh epoch", c.pub.State, c.probes, c.admitted)
 	}
-	// The next HalfOpen epoch admits its own probes; a late outcome of the
-	// last epoch's does not count.
+	// A probe still in flight when its epoch ends does not count in the next
+	// HalfOpen epoch.
 	tick(open)
-	if c.pub.State != protocol.HalfOpen || !c.allows(0) {
+	if c.pub.State != protocol.HalfOpen || !c.started(40) || !c.started(41) {
 		t.Fatalf("state %s: want HalfOpen admitting probes", c.pub.State)
 	}
-	c.released(epoch, true)
+	c.released(41, true, false)
+	tick(time.Second)
+	tick(open)
+	if c.pub.State != protocol.HalfOpen {
+		t.Fatalf("state %s: want HalfOpen again", c.pub.State)
+	}
+	c.released(40, true, true)
 	if c.probes != (protocol.Probes{}) {
-		t.Fatalf("a probe of epoch %d counted in epoch %d", epoch, c.pub.Epoch)
+		t.Fatalf("a probe of an earlier epoch counted in epoch %d: probes %+v", c.pub.Epoch, c.probes)
 	}
 }
