@@ -96,7 +96,7 @@ type engine struct {
 	dep              dependency
 	workers          autoscaler
 	ctl              *controller
-	limit            int64
+	limit            int64 // the fixed cap of a policy without a controller
 	busy             int64
 	stats            stats
 	counters         counters
@@ -462,7 +462,7 @@ func (e *engine) snapshotRecovery() {
 	e.recovery = b
 }
 
-// control runs the controller's evaluation and sets the fleet limit.
+// control runs the controller's evaluation; admit follows what it publishes.
 func (e *engine) control() {
 	closed, opened := e.ctl.evaluate(&e.counters, e.clock.Now())
 	now := e.clock.now
@@ -472,7 +472,6 @@ func (e *engine) control() {
 	if opened {
 		e.workers.pinAtOutage()
 	}
-	e.limit = e.ctl.limit()
 }
 
 // replicaBounds returns the autoscaler's bounds; Spillway's controller
