@@ -156,7 +156,7 @@ func Plan(in Input) Output {
 	return Output{Next: next, Transitions: transitions}
 }
 
-// WindowStart is where the reconciler starts counting the window Plan reads:
+// WindowStart is where the evaluator starts counting the window Plan reads:
 // max(now - breaker window, the breaker's last transition), so failures from
 // before the breaker last closed never reopen it.
 func WindowStart(p policy.Params, prev protocol.Published, now time.Time) time.Time {
