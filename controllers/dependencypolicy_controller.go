@@ -96,7 +96,8 @@ const (
 	IndexOwner = "metadata.annotations.spillway.dev/owner"
 )
 
-// Event reasons for ScaledObjects, besides the transitions in plan.go.
+// Event reasons for ScaledObjects, besides the transitions in plan.go
+// (internal/control).
 const (
 	// EventBounded: Spillway changed a ScaledObject's min or max replicas.
 	EventBounded = "Bounded"

@@ -1,277 +1,61 @@
 package controllers
 
 import (
-	"fmt"
 	"time"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
-	"github.com/spillway-dev/spillway/internal/breaker"
+	"github.com/spillway-dev/spillway/internal/control"
 	"github.com/spillway-dev/spillway/internal/policy"
-	"github.com/spillway-dev/spillway/internal/ramp"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
+
+// The control law lives in internal/control, shared with the simulator; these
+// names keep the controller's API.
 
 // Event reasons of the transitions Plan reports. Reconcile emits each as a
 // Kubernetes Event on the DependencyPolicy.
 const (
 	// EventOpened: the breaker opened; the limit is 0.
-	EventOpened = "Opened"
+	EventOpened = control.EventOpened
 	// EventHalfOpened: the breaker half-opened; only probe calls are admitted.
-	EventHalfOpened = "HalfOpened"
+	EventHalfOpened = control.EventHalfOpened
 	// EventClosed: the probes succeeded and the breaker closed; the ramp starts.
-	EventClosed = "Closed"
+	EventClosed = control.EventClosed
 	// EventRampStep: the ramp moved up one step, or completed.
-	EventRampStep = "RampStep"
+	EventRampStep = control.EventRampStep
 )
 
-// PlanInput is everything Plan decides from. The reconciler reads it all
-// before calling Plan: Previous from Redis (or RestoreFromStatus), Window and
-// Probes with ReadWindow from WindowStart(Params, Previous, Now).
-type PlanInput struct {
-	Params   policy.Params
-	Previous protocol.Published
-	Window   protocol.Window
-	Probes   protocol.Probes
-	// Now is Redis's time: the scripts compare what Plan publishes with it.
-	Now time.Time
-	// StaleAfter is the dead-man bound to publish (StaleAfter); 0 turns the
-	// rule off.
-	StaleAfter time.Duration
-}
+type (
+	// PlanInput is everything Plan decides from (control.Input).
+	PlanInput = control.Input
+	// PlanOutput is what Plan decided (control.Output).
+	PlanOutput = control.Output
+	// Transition is one change Plan made, for an Event and the metrics.
+	Transition = control.Transition
+)
 
-// Transition is one change Plan made, for an Event and the metrics.
-type Transition struct {
-	// Reason is one of EventOpened, EventHalfOpened, EventClosed and
-	// EventRampStep.
-	Reason string
-	// From and To are the published states; they are equal for a ramp step
-	// inside Ramping.
-	From, To protocol.State
-	// Message says what happened, for the Event.
-	Message string
-}
+// Plan steps the breaker and the ramp once and computes what to publish
+// (control.Plan).
+func Plan(in PlanInput) PlanOutput { return control.Plan(in) }
 
-// PlanOutput is what Plan decided.
-type PlanOutput struct {
-	// Next is what to publish.
-	Next protocol.Published
-	// Transitions are the changes from Previous, at most one breaker
-	// transition or one ramp step.
-	Transitions []Transition
-}
-
-// fixedClock is the instant a plan is made at.
-type fixedClock time.Time
-
-func (c fixedClock) Now() time.Time { return time.Time(c) }
-
-// Plan steps the breaker and the ramp once and computes what to publish. It is
-// pure: everything comes from in, and the same input always gives the same
-// output.
-//
-// The breaker counts failures and timeouts as failures. When the breaker
-// closes, the ramp restarts from its first step (it is also reset when the
-// breaker opens, so status shows step 0 through an outage); while the breaker
-// stays closed the ramp climbs at most one step per evaluation. The published
-// state is the breaker's, except Ramping while the breaker is closed and the
-// ramp is not done. The limit is 0 when Open, breaker.halfOpenProbes when
-// HalfOpen, the ramp's step when Ramping and the capacity when Closed. The
-// epoch increases by one whenever the published state changes, so that probe
-// outcomes count only for the HalfOpen epoch that admitted them, and on the
-// first publication (Previous.Epoch 0).
-//
-// Next carries Previous.Seq, the sequence number of the state the plan was
-// made from, which fences the publication (protocol.Published.Seq), and the
-// dead-man rule's fields: the policy's halfOpenProbes, and StaleAfter, which
-// for an Open state is extended by the time left until OpenUntil, so that the
-// rule never lets probes through before the breaker would have.
-func Plan(in PlanInput) PlanOutput {
-	clk := fixedClock(in.Now)
-	prev := in.Previous
-	b, r := restore(in.Params, prev, clk)
-
-	window := breaker.Counts{
-		Calls:    in.Window.Calls,
-		Failures: in.Window.Failures + in.Window.Timeouts,
-	}
-	probes := breaker.Counts{
-		Calls:    in.Probes.Successes + in.Probes.Failures + in.Probes.Timeouts,
-		Failures: in.Probes.Failures + in.Probes.Timeouts,
-	}
-
-	var transitions []Transition
-	if t, ok := b.Evaluate(window, probes); ok {
-		if t.To == breaker.Open || t.To == breaker.Closed {
-			r.Restart()
-		}
-		state := publishedState(b.State(), r)
-		transitions = append(transitions, Transition{
-			Reason:  breakerReason(t.To),
-			From:    prev.State,
-			To:      state,
-			Message: breakerMessage(in.Params, t, window, probes, r),
-		})
-	} else if b.State() == breaker.Closed && r.Advance() {
-		transitions = append(transitions, Transition{
-			Reason:  EventRampStep,
-			From:    prev.State,
-			To:      publishedState(b.State(), r),
-			Message: rampMessage(in.Params, r),
-		})
-	}
-
-	snap := b.Snapshot()
-	rs := r.Snapshot()
-	next := protocol.Published{
-		State:           publishedState(snap.State, r),
-		Capacity:        in.Params.Capacity,
-		RatePerSecond:   in.Params.RatePerSecond,
-		Epoch:           prev.Epoch,
-		Backoff:         in.Params.Backoff,
-		Budget:          in.Params.Budget,
-		BreakerWindow:   in.Params.Breaker.Window,
-		BreakerSince:    snap.Since,
-		RampStep:        rs.Step,
-		RampStepStarted: rs.StepStarted,
-		HalfOpenProbes:  in.Params.Breaker.HalfOpenProbes,
-		StaleAfter:      in.StaleAfter,
-		Seq:             prev.Seq,
-	}
-	next.Limit = Limit(in.Params, next.State, r.Limit())
-	if next.State == protocol.Open {
-		next.OpenUntil = snap.Since.Add(in.Params.Breaker.OpenDuration)
-		if next.StaleAfter > 0 {
-			next.StaleAfter += max(next.OpenUntil.Sub(in.Now), 0)
-		}
-	}
-	if prev.Epoch == 0 || next.State != prev.State {
-		next.Epoch++
-	}
-	return PlanOutput{Next: next, Transitions: transitions}
-}
-
-// WindowStart is where the reconciler starts counting the window Plan reads:
-// max(now - breaker window, the breaker's last transition), so failures from
-// before the breaker last closed never reopen it.
+// WindowStart is where the evaluator starts counting the window Plan reads
+// (control.WindowStart).
 func WindowStart(p policy.Params, prev protocol.Published, now time.Time) time.Time {
-	b, _ := restore(p, prev, fixedClock(now))
-	return b.WindowStart()
+	return control.WindowStart(p, prev, now)
 }
 
-// Limit is the fleet-wide concurrency limit in state: 0 when Open,
-// breaker.halfOpenProbes when HalfOpen, rampLimit when Ramping and the
-// capacity when Closed.
+// Limit is the fleet-wide concurrency limit in state (control.Limit).
 func Limit(p policy.Params, state protocol.State, rampLimit int64) int64 {
-	switch state {
-	case protocol.Open:
-		return 0
-	case protocol.HalfOpen:
-		return p.Breaker.HalfOpenProbes
-	case protocol.Ramping:
-		return rampLimit
-	}
-	return p.Capacity
+	return control.Limit(p, state, rampLimit)
 }
 
 // RestoreFromStatus is what the controller continues from when Redis holds no
-// state for the policy (Redis was flushed, or lost its data in a restart): the
-// state, ramp step and last transition time the controller last wrote to the
-// policy's status. An Open breaker keeps its transition time, so it half-opens
-// when it would have; a ramp step starts again at now, since its start is not
-// in status. A policy never evaluated restores as Closed at full capacity. The
-// epoch is 0, so Plan publishes epoch 1 and any stale probe counts are cleared.
+// state for the policy: the state, ramp step and last transition time the
+// controller last wrote to the policy's status (control.Restore).
 func RestoreFromStatus(st spillwayv1alpha1.DependencyPolicyStatus, p policy.Params, now time.Time) protocol.Published {
-	since := now
-	if st.LastTransitionTime != nil && !st.LastTransitionTime.After(now) {
+	var since time.Time
+	if st.LastTransitionTime != nil {
 		since = st.LastTransitionTime.Time
 	}
-	out := protocol.Published{
-		State:           protocol.Closed,
-		BreakerSince:    since,
-		RampStep:        len(p.Ramp.Steps) - 1,
-		RampStepStarted: since,
-	}
-	switch st.State {
-	case spillwayv1alpha1.StateOpen:
-		out.State = protocol.Open
-	case spillwayv1alpha1.StateHalfOpen:
-		out.State = protocol.HalfOpen
-	case spillwayv1alpha1.StateRamping:
-		out.State = protocol.Ramping
-		out.RampStep = min(max(int(st.RampStep), 0), len(p.Ramp.Steps)-1)
-		out.RampStepStarted = now
-	}
-	return out
-}
-
-// restore builds the breaker and ramp a published state describes. A Closed
-// state means the ramp is done, whatever step was stored: a capacity change
-// must not turn a closed breaker into a ramp.
-func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker.Breaker, *ramp.Ramp) {
-	state := breaker.State(prev.State)
-	if prev.State == protocol.Ramping {
-		state = breaker.Closed
-	}
-	// A time after now was written by a clock ahead of Redis's (a manager
-	// before the evaluator planned by Redis time, or a Redis failover to a
-	// node behind): it counts as now, or the window would stay empty and the
-	// breaker could not open until Redis's clock caught up.
-	since := prev.BreakerSince
-	if since.IsZero() || since.After(clk.Now()) {
-		since = clk.Now()
-	}
-	b := breaker.Restore(p.Breaker, clk, breaker.Snapshot{State: state, Since: since})
-	step := prev.RampStep
-	if prev.State != protocol.Ramping && b.State() == breaker.Closed {
-		step = len(p.Ramp.Steps) - 1
-	}
-	started := prev.RampStepStarted
-	if started.IsZero() || started.After(clk.Now()) {
-		started = clk.Now()
-	}
-	r := ramp.Restore(p.Ramp, clk, ramp.Snapshot{Step: step, StepStarted: started})
-	return b, r
-}
-
-// publishedState is Ramping for a closed breaker whose ramp is not done, and
-// the breaker's state otherwise.
-func publishedState(s breaker.State, r *ramp.Ramp) protocol.State {
-	if s == breaker.Closed && !r.Done() {
-		return protocol.Ramping
-	}
-	return protocol.State(s)
-}
-
-func breakerReason(to breaker.State) string {
-	switch to {
-	case breaker.Open:
-		return EventOpened
-	case breaker.HalfOpen:
-		return EventHalfOpened
-	}
-	return EventClosed
-}
-
-func breakerMessage(p policy.Params, t breaker.Transition, window, probes breaker.Counts, r *ramp.Ramp) string {
-	switch {
-	case t.To == breaker.Open && t.From == breaker.HalfOpen:
-		return fmt.Sprintf("A probe call failed (%d of %d failed): breaker reopened, limit 0 for %v",
-			probes.Failures, probes.Calls, p.Breaker.OpenDuration)
-	case t.To == breaker.Open:
-		return fmt.Sprintf("%d of %d calls failed or timed out (failure ratio %.2f): breaker opened, limit 0 for %v",
-			window.Failures, window.Calls, p.Breaker.FailureRatio, p.Breaker.OpenDuration)
-	case t.To == breaker.HalfOpen:
-		return fmt.Sprintf("Breaker half-open after %v: admitting %d probe calls", p.Breaker.OpenDuration, p.Breaker.HalfOpenProbes)
-	case r.Done():
-		return fmt.Sprintf("%d probe calls succeeded: breaker closed, limit %d (full capacity)", probes.Calls, r.Limit())
-	}
-	return fmt.Sprintf("%d probe calls succeeded: breaker closed, ramping from limit %d (step 1 of %d)",
-		probes.Calls, r.Limit(), len(p.Ramp.Steps))
-}
-
-func rampMessage(p policy.Params, r *ramp.Ramp) string {
-	if r.Done() {
-		return fmt.Sprintf("Ramp complete: limit %d (full capacity)", r.Limit())
-	}
-	return fmt.Sprintf("Ramp step %d of %d: limit %d", r.Step()+1, len(p.Ramp.Steps), r.Limit())
+	return control.Restore(p, protocol.State(st.State), int(st.RampStep), since, now)
 }

@@ -1,71 +1,131 @@
 package sim
 
 import (
+	"slices"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/breaker"
+	"github.com/spillway-dev/spillway/internal/control"
 	"github.com/spillway-dev/spillway/internal/policy"
-	"github.com/spillway-dev/spillway/internal/ramp"
+	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
-// controller is the Spillway controller's evaluation, run every second of
-// virtual time: the shipped breaker on the window's outcome counts, the
-// shipped ramp, and the fleet limit they give.
+// controller is the Spillway controller and the part of Redis it talks
+// through, on virtual time. Every second it runs the control law
+// (internal/control, the evaluator's Plan) on the window read the way
+// window.lua reads it, and publishes the plan. Admission follows
+// acquire.lua (Open admits nothing, HalfOpen admits the limit's probes per
+// epoch in all, otherwise calls in flight stay under the limit) and the
+// probe accounting release.lua (a probe's outcome counts when it ends in the
+// HalfOpen epoch that admitted it); a new epoch clears the probes, as
+// publish.lua does.
 type controller struct {
-	br       *breaker.Breaker
-	rp       *ramp.Ramp
-	capacity int64
-	probes   int64
+	params policy.Params
+	pub    protocol.Published
+	// probes are the current epoch's probe outcomes, and admitted the probes
+	// it admitted: the probes hash.
+	probes   protocol.Probes
+	admitted int64
+	// running are the jobs of the current epoch's probes still in flight:
+	// a probe's outcome counts when its job is here as it ends.
+	running []int32
 }
 
-// newController starts Closed with the ramp done: the fleet is at full
-// capacity before the outage.
-func newController(params policy.Params, clk *virtualClock) *controller {
-	done := ramp.Snapshot{Step: len(params.Ramp.Steps) - 1, StepStarted: clk.Now()}
-	return &controller{
-		br:       breaker.New(params.Breaker, clk),
-		rp:       ramp.Restore(params.Ramp, clk, done),
-		capacity: params.Capacity,
-		probes:   params.Breaker.HalfOpenProbes,
-	}
+// newController starts Closed with the ramp done, as a policy never
+// evaluated (control.Restore), and publishes the first plan at now: the
+// fleet is at full capacity before the outage.
+func newController(params policy.Params, now time.Time) *controller {
+	c := &controller{params: params, pub: control.Restore(params, "", 0, time.Time{}, now)}
+	c.publish(control.Plan(control.Input{Params: params, Previous: c.pub, Now: now}).Next)
+	return c
 }
 
-// evaluate hands the breaker the outcomes since WindowStart (Closed) and
-// since it entered HalfOpen (probes), restarts the ramp when it closes and
-// advances the ramp while Closed. It reports whether the breaker closed,
-// and whether it opened from Closed (an outage began).
-func (c *controller) evaluate(cnt *counters) (closed, opened bool) {
-	window := cnt.outcomesSince(second(c.br.WindowStart()))
-	probes := cnt.outcomesSince(second(c.br.Snapshot().Since))
-	tr, changed := c.br.Evaluate(window, probes)
-	if changed && tr.To == breaker.Closed {
-		c.rp.Restart()
-		closed = true
-	}
-	opened = changed && tr.From == breaker.Closed && tr.To == breaker.Open
-	if c.br.State() == breaker.Closed {
-		c.rp.Advance()
+// evaluate runs one evaluation at now on the outcomes cnt counted, as the
+// evaluator does: the window from control.WindowStart (one second early, so
+// that the second of the last transition counts whole), the current epoch's
+// probes, Plan, publish. It reports whether the breaker closed, and whether
+// it opened from Closed or Ramping (an outage began).
+func (c *controller) evaluate(cnt *counters, now time.Time) (closed, opened bool) {
+	from := control.WindowStart(c.params, c.pub, now).Add(-time.Second)
+	window := cnt.window(now, c.params.Breaker.Window, from)
+	out := control.Plan(control.Input{Params: c.params, Previous: c.pub, Window: window, Probes: c.probes, Now: now})
+	c.publish(out.Next)
+	for _, t := range out.Transitions {
+		switch {
+		case t.Reason == control.EventClosed:
+			closed = true
+		case t.Reason == control.EventOpened && t.From != protocol.HalfOpen:
+			opened = true
+		}
 	}
 	return closed, opened
 }
 
-// limit is the fleet-wide concurrency limit: 0 while Open, the probes while
-// HalfOpen, the ramp's step while Ramping and the capacity once Closed and
-// done.
-func (c *controller) limit() int64 {
-	switch c.br.State() {
-	case breaker.Open:
-		return 0
-	case breaker.HalfOpen:
-		return c.probes
+// publish makes next the published state; a new epoch clears the probes.
+func (c *controller) publish(next protocol.Published) {
+	if next.Epoch != c.pub.Epoch {
+		c.probes, c.admitted, c.running = protocol.Probes{}, 0, c.running[:0]
 	}
-	if c.rp.Done() {
-		return c.capacity
-	}
-	return c.rp.Limit()
+	c.pub = next
 }
 
-func (c *controller) closed() bool { return c.br.State() == breaker.Closed }
+// allows reports whether the published state lets one more call start while
+// busy calls are in flight: never while Open, while HalfOpen as long as the
+// epoch has admitted fewer probes than the limit (calls of earlier epochs
+// still in flight do not count), otherwise while busy is under the limit.
+func (c *controller) allows(busy int64) bool {
+	switch c.pub.State {
+	case protocol.Open:
+		return false
+	case protocol.HalfOpen:
+		return c.admitted < c.pub.Limit
+	}
+	return busy < c.pub.Limit
+}
+
+// started records that job's call, which allows let through, started, and
+// reports whether it is a probe: whether the state is HalfOpen.
+func (c *controller) started(job int32) (probe bool) {
+	if c.pub.State != protocol.HalfOpen {
+		return false
+	}
+	c.admitted++
+	c.running = append(c.running, job)
+	return true
+}
+
+// released counts the outcome of job's call, which ended: a probe's, in the
+// probes, when the epoch that admitted it is still the current one (its job
+// is still running in this epoch), which is then HalfOpen.
+func (c *controller) released(job int32, probe, ok bool) {
+	if !probe {
+		return
+	}
+	i := slices.Index(c.running, job)
+	if i < 0 {
+		return
+	}
+	c.running = slices.Delete(c.running, i, i+1)
+	if ok {
+		c.probes.Successes++
+	} else {
+		c.probes.Failures++
+	}
+}
+
+// limit is the published fleet-wide concurrency limit.
+func (c *controller) limit() int64 { return c.pub.Limit }
+
+// closed reports whether the breaker is closed: Closed or Ramping.
+func (c *controller) closed() bool {
+	return c.pub.State == protocol.Closed || c.pub.State == protocol.Ramping
+}
 
 // second is the index of the virtual second holding t.
-func second(t time.Time) int { return int(t.Sub(epoch) / time.Second) }
+func second(t time.Time) int {
+	d := t.Sub(epoch)
+	s := int(d / time.Second)
+	if d < 0 && d%time.Second != 0 {
+		s--
+	}
+	return s
+}

@@ -3,7 +3,7 @@ package sim
 import (
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/breaker"
+	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
 // counters count calls, outcomes and granted retries, with the totals at the
@@ -48,18 +48,24 @@ func (c *counters) closeSecond(k int) int64 {
 	return starts
 }
 
-// budgetWindow returns the calls started and the retries granted in the
-// current second and the window-1 seconds before it.
+// budgetWindow returns the calls released (completed) and the retries
+// granted in the current second and the window-1 seconds before it, as
+// budget.lua counts them.
 func (c *counters) budgetWindow(now, window time.Duration) (calls, retries int64) {
 	from := max(0, int(now/time.Second)-int(window/time.Second)+1)
-	return c.calls - c.cumCalls[from], c.retries - c.cumRetries[from]
+	return c.ok + c.failed - c.cumOK[from] - c.cumFailed[from], c.retries - c.cumRetries[from]
 }
 
-// outcomesSince returns the calls completed, and the failures among them,
-// from the start of second sec until now. It is called at a tick, so every
-// completion counted is in a whole closed second.
-func (c *counters) outcomesSince(sec int) breaker.Counts {
-	sec = max(sec, 0)
-	ok, failed := c.ok-c.cumOK[sec], c.failed-c.cumFailed[sec]
-	return breaker.Counts{Calls: ok + failed, Failures: failed}
+// window returns the outcomes counted in the seconds (from_s, now_s], where
+// now_s is the second holding now and from_s the later of now_s - length and
+// the second holding from: what window.lua reads for the evaluator.
+func (c *counters) window(now time.Time, length time.Duration, from time.Time) protocol.Window {
+	nowS := second(now)
+	fromS := max(nowS-int(length/time.Second), second(from))
+	if fromS >= nowS {
+		return protocol.Window{}
+	}
+	k := max(fromS+1, 0)
+	ok, failed := c.ok-c.cumOK[k], c.failed-c.cumFailed[k]
+	return protocol.Window{Calls: ok + failed, Successes: ok, Failures: failed}
 }

@@ -6,9 +6,11 @@
 // with a concurrency, a service time, a cold start after recovery and a
 // collapse under sustained overload, and a worker fleet scaled on queue depth
 // as KEDA and the HPA do. The Spillway mechanisms are the shipped code,
-// driven by a virtual clock: internal/breaker and internal/ramp run by a
-// controller every virtual second, pkg/retry's backoff, budget and parking,
-// and internal/policy's reading of a DependencyPolicy.
+// driven by a virtual clock: the control law of internal/control (the
+// evaluator's Plan, over internal/breaker and internal/ramp) run every
+// virtual second, with the Lua scripts' admission, probe and budget
+// accounting; pkg/retry's backoff, budget and parking; and internal/policy's
+// reading of a DependencyPolicy.
 //
 // A Scenario comes from a YAML file (LoadScenarioFile, ParseScenario) or is
 // built in (Builtin, BuiltinNames). Run replays it once per Policy and

@@ -96,7 +96,7 @@ type engine struct {
 	dep              dependency
 	workers          autoscaler
 	ctl              *controller
-	limit            int64
+	limit            int64 // the fixed cap of a policy without a controller
 	busy             int64
 	stats            stats
 	counters         counters
@@ -137,7 +137,7 @@ func newEngine(sc *Scenario, params policy.Params, p Policy) *engine {
 	e.jobs = make([]job, 0, int(expected))
 	e.prepareClasses()
 	if e.mech.controlled {
-		e.ctl = newController(params, &e.clock)
+		e.ctl = newController(params, e.clock.Now())
 	}
 	e.nextArrival = e.interarrival()
 	return e
@@ -279,7 +279,11 @@ func (e *engine) dispatch() {
 			return
 		}
 		e.ready.pop()
-		e.startCall(id)
+		var probe bool
+		if e.ctl != nil {
+			probe = e.ctl.started(id)
+		}
+		e.startCall(id, probe)
 	}
 }
 
@@ -298,24 +302,30 @@ func (e *engine) dropUseless(id int32) bool {
 	return true
 }
 
-// admit reports whether the fleet limit lets one more call start now.
+// admit reports whether the fleet limit lets one more call start now: the
+// controller's published state when there is one, else the fixed cap.
 func (e *engine) admit() bool {
 	if !e.mech.capped {
 		return true
 	}
-	if e.busy >= e.limit {
+	if e.ctl != nil {
+		if !e.ctl.allows(e.busy) {
+			return false
+		}
+	} else if e.busy >= e.limit {
 		return false
 	}
 	return e.params.RatePerSecond == 0 || e.counters.startsThisSecond < e.params.RatePerSecond
 }
 
-// startCall makes one call to the dependency.
-func (e *engine) startCall(id int32) {
+// startCall makes one call to the dependency; probe says that the controller
+// admitted it as a probe.
+func (e *engine) startCall(id int32, probe bool) {
 	now := e.clock.now
 	e.jobs[id].attempts++
 	e.busy++
 	e.counters.startCall()
-	c := call{started: now, job: id}
+	c := call{started: now, job: id, probe: probe}
 	if e.dep.accept(now) {
 		c.served, c.done = true, now+e.callDur
 		e.served.push(c)
@@ -334,6 +344,9 @@ func (e *engine) complete(c call) {
 		e.dep.release()
 	}
 	e.counters.outcome(ok)
+	if e.ctl != nil {
+		e.ctl.released(c.job, c.probe, ok)
+	}
 	if ok {
 		e.finish(c.job, jobDone)
 		return
@@ -449,9 +462,9 @@ func (e *engine) snapshotRecovery() {
 	e.recovery = b
 }
 
-// control runs the controller's evaluation and sets the fleet limit.
+// control runs the controller's evaluation; admit follows what it publishes.
 func (e *engine) control() {
-	closed, opened := e.ctl.evaluate(&e.counters)
+	closed, opened := e.ctl.evaluate(&e.counters, e.clock.Now())
 	now := e.clock.now
 	if closed && now >= e.t1 && e.closedAfterT1 < 0 {
 		e.closedAfterT1 = now
@@ -459,7 +472,6 @@ func (e *engine) control() {
 	if opened {
 		e.workers.pinAtOutage()
 	}
-	e.limit = e.ctl.limit()
 }
 
 // replicaBounds returns the autoscaler's bounds; Spillway's controller

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/policy"
+	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
 func TestDelayQueueOrder(t *testing.T) {
@@ -136,9 +137,9 @@ func TestDependencyColdStartAndCollapse(t *testing.T) {
 	}
 }
 
-// TestControllerLimits walks the shipped breaker and ramp through an outage
-// and a recovery and checks the fleet limit the controller derives:
-// capacity, 0 while Open, the probes while HalfOpen, then the ramp's steps.
+// TestControllerLimits walks the control law through an outage and a
+// recovery and checks the fleet limit the controller publishes: capacity, 0
+// while Open, the probes while HalfOpen, then the ramp's steps.
 func TestControllerLimits(t *testing.T) {
 	sc, err := Builtin("email-outage")
 	if err != nil {
@@ -150,18 +151,19 @@ func TestControllerLimits(t *testing.T) {
 	}
 	clk := &virtualClock{}
 	cnt := newCounters(1000)
-	c := newController(params, clk)
+	c := newController(params, clk.Now())
 	var limits []int64
+	// step reports ok and failed calls, each started under the published
+	// state (a probe while HalfOpen), then evaluates a second later.
 	step := func(ok, failed int64) {
-		for range ok {
-			cnt.outcome(true)
-		}
-		for range failed {
-			cnt.outcome(false)
+		for i := range int32(ok + failed) {
+			probe := c.started(i)
+			cnt.outcome(int64(i) < ok)
+			c.released(i, probe, int64(i) < ok)
 		}
 		clk.now += time.Second
 		cnt.closeSecond(int(clk.now / time.Second))
-		c.evaluate(&cnt)
+		c.evaluate(&cnt, clk.Now())
 		if l := c.limit(); len(limits) == 0 || limits[len(limits)-1] != l {
 			limits = append(limits, l)
 		}
@@ -178,5 +180,92 @@ func TestControllerLimits(t *testing.T) {
 	want := []int64{40, 0, 3, 5, 10, 20, 40}
 	if !slices.Equal(limits, want) {
 		t.Fatalf("limits = %v, want %v", limits, want)
+	}
+}
+
+// TestControllerProbes: HalfOpen admits the limit's probes per epoch in all,
+// whatever is in flight; only the current HalfOpen epoch's probes count, and
+// a new epoch starts afresh (acquire.lua, release.lua, publish.lua).
+func TestControllerProbes(t *testing.T) {
+	sc, err := Builtin("email-outage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	params, err := policy.FromSpec(sc.Policy.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := params.Breaker.OpenDuration
+	clk := &virtualClock{}
+	cnt := newCounters(1000)
+	c := newController(params, clk.Now())
+	tick := func(d time.Duration) {
+		for range int(d / time.Second) {
+			clk.now += time.Second
+			cnt.closeSecond(int(clk.now / time.Second))
+			c.evaluate(&cnt, clk.Now())
+		}
+	}
+	if !c.allows(params.Capacity-1) || c.allows(params.Capacity) {
+		t.Fatalf("Closed: calls in flight must stay under the capacity %d", params.Capacity)
+	}
+	if c.started(1) {
+		t.Fatalf("a call started Closed is not a probe")
+	}
+	for range 50 {
+		cnt.outcome(false)
+	}
+	tick(time.Second)
+	if c.pub.State != protocol.Open || c.allows(0) {
+		t.Fatalf("state %s, allows %v: want Open, admitting nothing", c.pub.State, c.allows(0))
+	}
+	tick(open)
+	if c.pub.State != protocol.HalfOpen {
+		t.Fatalf("state %s after openDuration, want HalfOpen", c.pub.State)
+	}
+	epoch := c.pub.Epoch
+	var probes []int32
+	for job := int32(10); c.allows(1000) && job < 20; job++ {
+		if !c.started(job) {
+			t.Fatalf("a call started HalfOpen is a probe")
+		}
+		probes = append(probes, job)
+	}
+	if int64(len(probes)) != params.Breaker.HalfOpenProbes {
+		t.Fatalf("HalfOpen admitted %d probes, want %d in all", len(probes), params.Breaker.HalfOpenProbes)
+	}
+	// A call started before HalfOpen ending now is no probe; two probes
+	// succeed.
+	c.released(1, false, true)
+	c.released(probes[0], true, true)
+	c.released(probes[1], true, true)
+	if c.probes != (protocol.Probes{Successes: 2}) {
+		t.Fatalf("probes = %+v, want the two of this epoch", c.probes)
+	}
+	tick(time.Second)
+	if c.pub.State != protocol.HalfOpen || c.pub.Epoch != epoch {
+		t.Fatalf("two of three probes: state %s epoch %d, want HalfOpen %d", c.pub.State, c.pub.Epoch, epoch)
+	}
+	// The third fails: Open again, and its epoch's counts are gone.
+	c.released(probes[2], true, false)
+	tick(time.Second)
+	if c.pub.State != protocol.Open || c.probes != (protocol.Probes{}) || c.admitted != 0 {
+		t.Fatalf("after a failed probe: state %s probes %+v admitted %d, want Open and a fresh epoch", c.pub.State, c.probes, c.admitted)
+	}
+	// A probe still in flight when its epoch ends does not count in the next
+	// HalfOpen epoch.
+	tick(open)
+	if c.pub.State != protocol.HalfOpen || !c.started(40) || !c.started(41) {
+		t.Fatalf("state %s: want HalfOpen admitting probes", c.pub.State)
+	}
+	c.released(41, true, false)
+	tick(time.Second)
+	tick(open)
+	if c.pub.State != protocol.HalfOpen {
+		t.Fatalf("state %s: want HalfOpen again", c.pub.State)
+	}
+	c.released(40, true, true)
+	if c.probes != (protocol.Probes{}) {
+		t.Fatalf("a probe of an earlier epoch counted in epoch %d: probes %+v", c.pub.Epoch, c.probes)
 	}
 }

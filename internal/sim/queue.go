@@ -48,6 +48,10 @@ type call struct {
 	// capacity; a served call succeeds unless the dependency went down
 	// while it ran.
 	served bool
+	// probe is true for a probe: a call admitted HalfOpen. It fits in the
+	// padding after served: calls are the bulk of the simulator's memory
+	// traffic.
+	probe bool
 }
 
 // lane holds calls that all take the same time, so they complete in the
