@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
+	"github.com/spillway-dev/spillway/internal/control"
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
@@ -34,7 +35,7 @@ const scaleCheckMaxDelay = 5 * time.Minute
 // per consumer, in spec order, then one per ScaledObject it failed to let go.
 func (r *DependencyPolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, state protocol.State) []consumerResult {
 	bounds := Bounds(params.Capacity, pol.Spec.Consumers)
-	pinning := params.PinMinReplicas && (state == protocol.Open || state == protocol.HalfOpen || state == protocol.Ramping)
+	pinning := control.PinsMinReplicas(params, state)
 	results := make([]consumerResult, 0, len(pol.Spec.Consumers))
 	named := make(map[string]bool, len(pol.Spec.Consumers))
 	for i, c := range pol.Spec.Consumers {

@@ -164,6 +164,15 @@ func WindowStart(p policy.Params, prev protocol.Published, now time.Time) time.T
 	return b.WindowStart()
 }
 
+// PinsMinReplicas reports whether a policy that pins (spec
+// pinMinReplicasDuringOutage) holds its consumers' minimum replicas in state:
+// through Open and HalfOpen, so the autoscaler does not scale in while
+// throttled workers look idle, and through Ramping, so the fleet that the ramp
+// gives slots to is still there; it lets go once Closed at full capacity.
+func PinsMinReplicas(p policy.Params, state protocol.State) bool {
+	return p.PinMinReplicas && (state == protocol.Open || state == protocol.HalfOpen || state == protocol.Ramping)
+}
+
 // Limit is the fleet-wide concurrency limit in state: 0 when Open,
 // breaker.halfOpenProbes when HalfOpen, rampLimit when Ramping and the
 // capacity when Closed.

@@ -363,3 +363,27 @@ func TestPlanTimesAheadOfRedis(t *testing.T) {
 	half := Plan(Input{Params: p, Previous: still, Now: t0.Add(time.Minute)}).Next
 	g.Expect(half.State).To(Equal(protocol.HalfOpen), "an Open since a future time half-opens openDuration after now")
 }
+
+// TestPinsMinReplicas: a pinning policy holds the minimum through Open,
+// HalfOpen and Ramping and lets go once Closed; a policy that does not pin
+// never does.
+func TestPinsMinReplicas(t *testing.T) {
+	pinning, free := seedParams(40), seedParams(40)
+	pinning.PinMinReplicas, free.PinMinReplicas = true, false
+	for _, c := range []struct {
+		state protocol.State
+		want  bool
+	}{
+		{protocol.Open, true},
+		{protocol.HalfOpen, true},
+		{protocol.Ramping, true},
+		{protocol.Closed, false},
+	} {
+		if got := PinsMinReplicas(pinning, c.state); got != c.want {
+			t.Errorf("PinsMinReplicas(pinning, %s) = %v, want %v", c.state, got, c.want)
+		}
+		if PinsMinReplicas(free, c.state) {
+			t.Errorf("PinsMinReplicas(not pinning, %s) = true", c.state)
+		}
+	}
+}

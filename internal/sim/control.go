@@ -115,11 +115,6 @@ func (c *controller) released(job int32, probe, ok bool) {
 // limit is the published fleet-wide concurrency limit.
 func (c *controller) limit() int64 { return c.pub.Limit }
 
-// closed reports whether the breaker is closed: Closed or Ramping.
-func (c *controller) closed() bool {
-	return c.pub.State == protocol.Closed || c.pub.State == protocol.Ramping
-}
-
 // second is the index of the virtual second holding t.
 func second(t time.Time) int {
 	d := t.Sub(epoch)

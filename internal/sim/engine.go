@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/control"
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/pkg/retry"
 )
@@ -488,7 +489,7 @@ func (e *engine) replicaBounds() (lo, hi int) {
 		useful := int((e.params.Capacity + slots - 1) / slots)
 		hi = max(lo, min(hi, useful))
 	}
-	if e.params.PinMinReplicas && !e.ctl.closed() {
+	if control.PinsMinReplicas(e.params, e.ctl.pub.State) {
 		lo = min(max(lo, e.workers.pinned), hi)
 	}
 	return lo, hi
