@@ -56,7 +56,10 @@ type Dependency struct {
 	peak      atomic.Int64
 	served    atomic.Int64
 	failed    atomic.Int64
-	overLimit atomic.Int64 // calls that arrived while more than their admitted limit were in flight
+	overLimit atomic.Int64 // calls that arrived while more calls were in flight than any in-flight call's admitted limit
+
+	limitsMu sync.Mutex
+	limits   map[int64]int // the admitted limits of the calls in flight, by count
 }
 
 // StartDependency starts the dependency on a free loopback port.
@@ -138,7 +141,7 @@ type DependencyStats struct {
 	// outages.
 	Collapses int
 	// OverLimit counts calls that arrived while more calls were in flight
-	// than the limit that admitted them.
+	// than the highest limit that admitted any of them (see arrive).
 	OverLimit int64
 }
 
@@ -164,8 +167,11 @@ func (d *Dependency) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := d.inflight.Add(1)
 	defer d.inflight.Add(-1)
 	storeMax(&d.peak, n)
-	if limit, err := strconv.ParseInt(r.Header.Get(AdmittedLimitHeader), 10, 64); err == nil && n > limit {
-		d.overLimit.Add(1)
+	if limit, err := strconv.ParseInt(r.Header.Get(AdmittedLimitHeader), 10, 64); err == nil {
+		if n > d.arrive(limit) {
+			d.overLimit.Add(1)
+		}
+		defer d.leave(limit)
 	}
 
 	if !d.admit(n) {
@@ -181,6 +187,36 @@ func (d *Dependency) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	d.served.Add(1)
 	w.WriteHeader(http.StatusOK)
+}
+
+// arrive records the admitted limit of a call that arrived and returns the
+// highest limit among the calls in flight, itself included. The scripts admit
+// a call only while fewer leases than the limit are held, so the calls in
+// flight never outnumber the highest limit that admitted one of them. A call
+// admitted under a lower limit may arrive after the limit rose and calls
+// admitted under the new one arrived (the ramp stepped up meanwhile): that is
+// not over the limit in force.
+func (d *Dependency) arrive(limit int64) int64 {
+	d.limitsMu.Lock()
+	defer d.limitsMu.Unlock()
+	if d.limits == nil {
+		d.limits = map[int64]int{}
+	}
+	d.limits[limit]++
+	highest := limit
+	for l := range d.limits {
+		highest = max(highest, l)
+	}
+	return highest
+}
+
+// leave forgets the admitted limit of a call that ended.
+func (d *Dependency) leave(limit int64) {
+	d.limitsMu.Lock()
+	defer d.limitsMu.Unlock()
+	if d.limits[limit]--; d.limits[limit] <= 0 {
+		delete(d.limits, limit)
+	}
 }
 
 // admit decides whether a call with n in flight (itself included) is served.

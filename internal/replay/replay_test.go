@@ -86,3 +86,46 @@ func TestDependencyCollapsesUnderSustainedOverload(t *testing.T) {
 		t.Fatalf("no collapse under sustained overload: %+v", st)
 	}
 }
+
+// TestDependencyCountsCallsOverTheLimitInForce: a call that arrives while
+// more calls are in flight than any in-flight call's admitted limit is over
+// the limit; a call admitted under a lower limit that arrives after the ramp
+// stepped up, among calls admitted under the new limit, is not.
+func TestDependencyCountsCallsOverTheLimitInForce(t *testing.T) {
+	d, err := StartDependency(DependencyConfig{Capacity: 100, ServiceTime: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.Close() }()
+	call := func(wg *sync.WaitGroup, limit string) {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodGet, d.URL(), nil)
+			req.Header.Set(AdmittedLimitHeader, limit)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_ = resp.Body.Close()
+		})
+	}
+	// Three calls admitted at limit 5, then a late one admitted at 2.
+	var wg sync.WaitGroup
+	for range 3 {
+		call(&wg, "5")
+	}
+	time.Sleep(100 * time.Millisecond)
+	call(&wg, "2")
+	wg.Wait()
+	if n := d.Stats().OverLimit; n != 0 {
+		t.Fatalf("a late call from a lower step counted %d over the limit, want 0", n)
+	}
+	// Three calls admitted at limit 2 at once: the third is over.
+	for range 3 {
+		call(&wg, "2")
+	}
+	wg.Wait()
+	if n := d.Stats().OverLimit; n != 1 {
+		t.Fatalf("three calls at limit 2 counted %d over the limit, want 1", n)
+	}
+}

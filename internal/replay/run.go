@@ -91,7 +91,7 @@ type Result struct {
 	SecondOutages int
 	// PeakInFlight is the most calls the dependency saw at once after it
 	// recovered; OverLimit the calls that arrived while more were in flight
-	// than the limit that admitted them.
+	// than the highest limit that admitted any of them.
 	PeakInFlight int64
 	OverLimit    int64
 	// Backlog is the number of jobs pending at the recovery.
