@@ -38,7 +38,8 @@ const (
 	// reached. HTTP 503, gRPC UNAVAILABLE.
 	ReasonRamp Reason = "ramp"
 	// ReasonCanceled: the request's context was canceled (the caller went
-	// away) before it was admitted. HTTP 503, gRPC CANCELLED.
+	// away) before it was admitted. HTTP 503 with a Retry-After like every
+	// 503 (a proxy in between may relay it), gRPC CANCELLED.
 	ReasonCanceled Reason = "canceled"
 )
 
@@ -47,8 +48,8 @@ type Rejection struct {
 	// Reason says why the request was shed.
 	Reason Reason
 	// RetryAfter is the randomized delay to send the caller, a whole number
-	// of seconds; zero for ReasonDeadline and ReasonCanceled, which are not
-	// worth retrying.
+	// of seconds; zero only for ReasonDeadline (HTTP 504), which is not worth
+	// retrying. Every rejection answered with 503 or 429 has one.
 	RetryAfter time.Duration
 }
 
@@ -268,7 +269,7 @@ func (s *Shedder) countAttempt(attempt int) {
 func (s *Shedder) reject(reason Reason) *Rejection {
 	s.metrics.shed[reason].Inc()
 	r := &Rejection{Reason: reason}
-	if reason != ReasonDeadline && reason != ReasonCanceled {
+	if reason != ReasonDeadline {
 		r.RetryAfter = s.retryAfter()
 	}
 	return r

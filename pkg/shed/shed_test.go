@@ -206,8 +206,8 @@ func TestQueueWaitEnds(t *testing.T) {
 
 	ctx, cancel = context.WithCancel(t.Context())
 	time.AfterFunc(10*time.Millisecond, cancel)
-	if rej := rejection(t, ctx, s2, shed.Request{}); rej.Reason != shed.ReasonCanceled {
-		t.Fatalf("request canceled while queued: %+v, want canceled", rej)
+	if rej := rejection(t, ctx, s2, shed.Request{}); rej.Reason != shed.ReasonCanceled || rej.RetryAfter == 0 {
+		t.Fatalf("request canceled while queued: %+v, want canceled with a Retry-After (its 503 needs one)", rej)
 	}
 	if st := s2.Stats(); st.Queued != 0 || st.InFlight != 1 {
 		t.Fatalf("Stats() = %+v, want nothing queued and one in flight", st)
