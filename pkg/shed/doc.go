@@ -23,8 +23,9 @@
 //
 // Every 503 and 429 carries a Retry-After drawn uniformly from
 // [Options.RetryAfterMin, Options.RetryAfterMax] (default 1–10 s, whole
-// seconds), never a constant: a fixed value would make every client that
-// honours it retry in the same second.
+// seconds; an unset RetryAfterMax is at least twice RetryAfterMin), never a
+// constant by default: a fixed value would make every client that honours it
+// retry in the same second.
 //
 // # Wire contract
 //

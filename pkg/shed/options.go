@@ -37,7 +37,10 @@ const (
 
 // Defaults applied by New to zero-valued Options fields.
 const (
+	// DefaultRetryAfterMin is RetryAfterMin when unset.
 	DefaultRetryAfterMin = time.Second
+	// DefaultRetryAfterMax is RetryAfterMax when unset, unless twice
+	// RetryAfterMin is larger: see Options.RetryAfterMax.
 	DefaultRetryAfterMax = 10 * time.Second
 )
 
@@ -62,8 +65,14 @@ type Options struct {
 	// RetryAfterMin and RetryAfterMax bound the Retry-After sent with 503
 	// and 429, drawn uniformly in whole seconds from the closed range. Both
 	// must be whole seconds, RetryAfterMin >= 1s and RetryAfterMin <=
-	// RetryAfterMax. Defaults 1s and 10s.
+	// RetryAfterMax.
+	//
+	// RetryAfterMin defaults to DefaultRetryAfterMin (1s).
 	RetryAfterMin time.Duration
+	// RetryAfterMax defaults to the larger of DefaultRetryAfterMax (10s) and
+	// 2 × RetryAfterMin, so setting only RetryAfterMin never leaves an empty
+	// or constant range: RetryAfterMin 15s alone gives 15–30 s, 3s alone
+	// gives 3–10 s.
 	RetryAfterMax time.Duration
 
 	// CallerHeader names the HTTP header carrying the caller's API key; its
@@ -100,7 +109,7 @@ func (o Options) withDefaults() Options {
 		o.RetryAfterMin = DefaultRetryAfterMin
 	}
 	if o.RetryAfterMax == 0 {
-		o.RetryAfterMax = DefaultRetryAfterMax
+		o.RetryAfterMax = max(DefaultRetryAfterMax, 2*o.RetryAfterMin)
 	}
 	if o.CallerHeader == "" {
 		o.CallerHeader = DefaultCallerHeader
@@ -108,7 +117,8 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Validate returns an error naming the first invalid field, or nil. Zero
+// Validate returns an error naming the first invalid field by its Go name,
+// or nil. Zero
 // optional fields are checked with their defaults, as New applies them.
 func (o Options) Validate() error {
 	o = o.withDefaults()
@@ -128,13 +138,13 @@ func (o Options) Validate() error {
 func (o Options) validateLimits() error {
 	switch {
 	case o.MaxInFlight < 1:
-		return fmt.Errorf("maxInFlight must be >= 1, got %d", o.MaxInFlight)
+		return fmt.Errorf("MaxInFlight must be >= 1, got %d", o.MaxInFlight)
 	case o.QueueSize < 0:
-		return fmt.Errorf("queueSize must be >= 0, got %d", o.QueueSize)
+		return fmt.Errorf("QueueSize must be >= 0, got %d", o.QueueSize)
 	case o.QueueTimeout < 0:
-		return fmt.Errorf("queueTimeout must be >= 0, got %v", o.QueueTimeout)
+		return fmt.Errorf("QueueTimeout must be >= 0, got %v", o.QueueTimeout)
 	case o.QueueSize > 0 && o.QueueTimeout == 0:
-		return fmt.Errorf("queueTimeout must be > 0 when queueSize is %d", o.QueueSize)
+		return fmt.Errorf("QueueTimeout must be > 0 when QueueSize is %d", o.QueueSize)
 	}
 	return nil
 }
@@ -142,28 +152,32 @@ func (o Options) validateLimits() error {
 func (o Options) validateRetryAfter() error {
 	switch {
 	case o.RetryAfterMin < time.Second:
-		return fmt.Errorf("retryAfterMin must be >= 1s, got %v", o.RetryAfterMin)
+		return fmt.Errorf("RetryAfterMin must be >= 1s, got %v", o.RetryAfterMin)
 	case o.RetryAfterMin%time.Second != 0:
-		return fmt.Errorf("retryAfterMin must be a whole number of seconds, got %v", o.RetryAfterMin)
+		return fmt.Errorf("RetryAfterMin must be a whole number of seconds, got %v", o.RetryAfterMin)
+	case o.RetryAfterMax < time.Second:
+		return fmt.Errorf("RetryAfterMax must be >= 1s, got %v", o.RetryAfterMax)
 	case o.RetryAfterMax%time.Second != 0:
-		return fmt.Errorf("retryAfterMax must be a whole number of seconds, got %v", o.RetryAfterMax)
+		return fmt.Errorf("RetryAfterMax must be a whole number of seconds, got %v", o.RetryAfterMax)
 	case o.RetryAfterMax < o.RetryAfterMin:
-		return fmt.Errorf("retryAfterMax must be >= retryAfterMin (%v), got %v", o.RetryAfterMin, o.RetryAfterMax)
+		// Only reachable when both are set: an unset RetryAfterMax defaults
+		// to at least RetryAfterMin, an unset RetryAfterMin to 1s.
+		return fmt.Errorf("RetryAfterMax (%v) must be >= RetryAfterMin (%v)", o.RetryAfterMax, o.RetryAfterMin)
 	}
 	return nil
 }
 
 func (o Options) validateQuotas() error {
 	if !validToken(o.CallerHeader) {
-		return fmt.Errorf("callerHeader must be an HTTP header name, got %q", o.CallerHeader)
+		return fmt.Errorf("CallerHeader must be an HTTP header name, got %q", o.CallerHeader)
 	}
 	if o.DefaultQuota < 0 {
-		return fmt.Errorf("defaultQuota must be >= 0, got %d", o.DefaultQuota)
+		return fmt.Errorf("DefaultQuota must be >= 0, got %d", o.DefaultQuota)
 	}
 	for _, q := range o.Quotas {
 		if q < 1 {
 			// The key is an API key: keep it out of error messages and logs.
-			return fmt.Errorf("quotas must all be >= 1, got %d for one key", q)
+			return fmt.Errorf("Quotas must all be >= 1, got %d for one key", q)
 		}
 	}
 	return nil
