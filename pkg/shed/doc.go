@@ -13,7 +13,9 @@
 //     quota of requests admitted or queued at once (Options.DefaultQuota and
 //     Options.Quotas); the excess gets HTTP 429 (gRPC RESOURCE_EXHAUSTED), so
 //     a caller stuck in a retry loop is refused before it starves the others.
-//     Requests without a key share one anonymous caller, the empty key.
+//     Requests without a key are not held to DefaultQuota (they may be any
+//     number of clients): only MaxInFlight bounds them, unless Quotas[""]
+//     sets one bucket that all keyless requests share.
 //   - Expired deadline. A request whose caller's deadline has already passed
 //     is dropped with HTTP 504 (gRPC DEADLINE_EXCEEDED): nobody is waiting for
 //     the answer. A future deadline is applied to the request's context.

@@ -78,13 +78,19 @@ type Options struct {
 	// CallerHeader names the HTTP header carrying the caller's API key; its
 	// lower-case form is the gRPC metadata key. Default X-Api-Key.
 	CallerHeader string
-	// DefaultQuota is the most requests one caller may have admitted or
+	// DefaultQuota is the most requests one API key may have admitted or
 	// queued at once; >= 0. 0, the default, gives callers no quota of their
 	// own: only MaxInFlight bounds them, and no per-caller state is kept.
+	//
+	// Requests WITHOUT a key are NOT subject to DefaultQuota: they may be
+	// many different clients, and squeezing them all into one caller's
+	// quota would refuse nearly all of them. They are bounded only by
+	// MaxInFlight, unless Quotas[""] is set.
 	DefaultQuota int64
 	// Quotas overrides DefaultQuota for the listed API keys; every value
-	// >= 1. The empty key is the anonymous caller: all requests without a
-	// key share it.
+	// >= 1. The empty key "" is the keyless bucket: Quotas[""] = n caps ALL
+	// requests without a key together at n at once (one shared bucket, not
+	// n per client). Without it keyless requests have no quota.
 	Quotas map[string]int64
 
 	// Ramp, if set, is a slow start after the Shedder is created (or

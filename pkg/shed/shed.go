@@ -90,7 +90,8 @@ func (r *Rejection) GRPCStatus() *status.Status {
 
 // Request describes one request to Admit.
 type Request struct {
-	// Caller is the caller's API key; "" is the anonymous caller.
+	// Caller is the caller's API key; "" (no key) is subject to no quota
+	// unless Options.Quotas[""] is set, see Options.DefaultQuota.
 	Caller string
 	// Attempt is 1 for a first attempt, 2 for the first retry, and so on;
 	// values below 1 count as 1.

@@ -103,19 +103,39 @@ func TestQuotaIsCheckedPerCaller(t *testing.T) {
 	}
 }
 
-func TestAnonymousCallersShareOneBucket(t *testing.T) {
-	s, _ := newShedder(t, shed.Options{MaxInFlight: 10, DefaultQuota: 2})
-	a, b := admit(t, s, shed.Request{}), admit(t, s, shed.Request{})
-	defer a.Release()
-	defer b.Release()
-	if rej := rejection(t, t.Context(), s, shed.Request{}); rej.Reason != shed.ReasonQuota {
-		t.Fatalf("third anonymous request: %v, want quota", rej)
+// TestKeylessRequestsEscapeDefaultQuota checks that DefaultQuota is a quota
+// per API key: requests without a key are not all one caller squeezed into
+// DefaultQuota (DefaultQuota 1 would refuse all but one keyless request at a
+// time), they are bounded only by MaxInFlight unless Quotas[""] gives them
+// one shared bucket on purpose.
+func TestKeylessRequestsEscapeDefaultQuota(t *testing.T) {
+	s, _ := newShedder(t, shed.Options{MaxInFlight: 10, DefaultQuota: 1})
+	for range 10 {
+		defer admit(t, s, shed.Request{}).Release()
+	}
+	if st := s.Stats(); st.InFlight != 10 || st.Callers != 0 {
+		t.Fatalf("Stats() = %+v, want 10 keyless requests in flight and no per-caller state", st)
+	}
+	if rej := rejection(t, t.Context(), s, shed.Request{}); rej.Reason != shed.ReasonOverload {
+		t.Fatalf("eleventh keyless request: %v, want overload (MaxInFlight), not quota", rej)
 	}
 
-	s, _ = newShedder(t, shed.Options{MaxInFlight: 10, DefaultQuota: 2, Quotas: map[string]int64{"": 1}})
+	s, _ = newShedder(t, shed.Options{MaxInFlight: 10, DefaultQuota: 1})
+	defer admit(t, s, shed.Request{Caller: "a"}).Release()
+	if rej := rejection(t, t.Context(), s, shed.Request{Caller: "a"}); rej.Reason != shed.ReasonQuota {
+		t.Fatalf("second request of key a: %v, want quota", rej)
+	}
+}
+
+func TestQuotasEmptyKeyIsOneKeylessBucket(t *testing.T) {
+	s, _ := newShedder(t, shed.Options{MaxInFlight: 10, DefaultQuota: 5, Quotas: map[string]int64{"": 2}})
+	defer admit(t, s, shed.Request{}).Release()
 	defer admit(t, s, shed.Request{}).Release()
 	if rej := rejection(t, t.Context(), s, shed.Request{}); rej.Reason != shed.ReasonQuota {
-		t.Fatalf("second anonymous request with Quotas[\"\"]=1: %v, want quota", rej)
+		t.Fatalf("third keyless request with Quotas[\"\"]=2: %v, want quota", rej)
+	}
+	if got := s.Stats().Callers; got != 1 {
+		t.Fatalf("Stats().Callers = %d, want 1 (the keyless bucket)", got)
 	}
 }
 
