@@ -19,9 +19,9 @@
 //   - Expired deadline. A request whose caller's deadline has already passed
 //     is dropped with HTTP 504 (gRPC DEADLINE_EXCEEDED): nobody is waiting for
 //     the answer. A future deadline is applied to the request's context.
-//   - Slow start. With Options.Ramp the effective limit is
-//     min(MaxInFlight, ramp limit), climbing step by step after a (re)start,
-//     for a service that comes back with cold caches.
+//   - Slow start. With Options.Ramp (a Ramp: Steps and StepDuration) the
+//     effective limit is min(MaxInFlight, ramp limit), climbing step by step
+//     after a (re)start, for a service that comes back with cold caches.
 //
 // Every 503 and 429 carries a Retry-After drawn uniformly from
 // [Options.RetryAfterMin, Options.RetryAfterMax] (default 1–10 s, whole

@@ -75,3 +75,34 @@ func Example() {
 	// 200
 	// 429 true
 }
+
+// manualClock is a shed.Clock the example moves by hand.
+type manualClock struct{ now time.Time }
+
+func (c *manualClock) Now() time.Time { return c.now }
+
+// A service that restarts with cold caches turns on the slow start with
+// Options.Ramp; only pkg/shed types are needed.
+func ExampleRamp() {
+	clock := &manualClock{now: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)}
+	s, err := shed.New(shed.Options{
+		MaxInFlight: 40,
+		Ramp: &shed.Ramp{
+			Steps:        []int64{5, 10, 20, 40}, // requests at once, step by step
+			StepDuration: time.Minute,            // one step per minute
+		},
+		Clock: clock, // nil in production: the system clock
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for range 4 {
+		fmt.Println(s.Stats().Limit)
+		clock.now = clock.now.Add(time.Minute)
+	}
+	// Output:
+	// 5
+	// 10
+	// 20
+	// 40
+}

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/ramp"
 	"github.com/spillway-dev/spillway/pkg/shed"
 )
 
@@ -291,7 +290,7 @@ func TestHTTPRampFollowsSchedule(t *testing.T) {
 	clk := newFakeClock()
 	s, reg := newShedder(t, shed.Options{
 		MaxInFlight: 8, Clock: clk,
-		Ramp: &ramp.Schedule{Steps: []int64{2, 4, 8}, StepDuration: time.Minute},
+		Ramp: &shed.Ramp{Steps: []int64{2, 4, 8}, StepDuration: time.Minute},
 	})
 	h := newBlockingHandler()
 	defer close(h.release)

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/spillway-dev/spillway/internal/ramp"
 )
 
 // Wire contract: the names a caller uses to tell the service about a request.
@@ -43,6 +41,47 @@ const (
 	// RetryAfterMin is larger: see Options.RetryAfterMax.
 	DefaultRetryAfterMax = 10 * time.Second
 )
+
+// Clock supplies the current time; a test can move a fake one by hand.
+type Clock interface {
+	Now() time.Time
+}
+
+// Ramp is a slow start for a service that comes back with cold caches: the
+// concurrency limit climbs through Steps, one step per StepDuration, up to
+// MaxInFlight. For example Steps [5 10 20 40] with StepDuration one minute
+// and MaxInFlight 40 admit 5 requests at once, then 10 after a minute, 20
+// after two and all 40 after three.
+type Ramp struct {
+	// Steps are the limits to climb through: at least one, each >= 1 and
+	// <= MaxInFlight, strictly increasing. The last is normally
+	// MaxInFlight; the limit stays at the last step once it is reached.
+	Steps []int64
+	// StepDuration is how long each step lasts before the next; > 0.
+	StepDuration time.Duration
+}
+
+// validate checks r against maxInFlight, naming the field as Options spells
+// it (Ramp.Steps[i], Ramp.StepDuration).
+func (r *Ramp) validate(maxInFlight int64) error {
+	if len(r.Steps) == 0 {
+		return fmt.Errorf("Ramp.Steps must not be empty")
+	}
+	for i, v := range r.Steps {
+		switch {
+		case v < 1:
+			return fmt.Errorf("Ramp.Steps[%d] must be >= 1, got %d", i, v)
+		case v > maxInFlight:
+			return fmt.Errorf("Ramp.Steps[%d] must be <= MaxInFlight (%d), got %d", i, maxInFlight, v)
+		case i > 0 && v <= r.Steps[i-1]:
+			return fmt.Errorf("Ramp.Steps must be strictly increasing, got Ramp.Steps[%d]=%d after Ramp.Steps[%d]=%d", i, v, i-1, r.Steps[i-1])
+		}
+	}
+	if r.StepDuration <= 0 {
+		return fmt.Errorf("Ramp.StepDuration must be > 0, got %v", r.StepDuration)
+	}
+	return nil
+}
 
 // Rand is a source of uniform floats in [0, 1). *math/rand/v2.Rand and
 // *math/rand.Rand satisfy it. A Shedder serialises its calls, so a Rand that
@@ -96,11 +135,11 @@ type Options struct {
 	// Ramp, if set, is a slow start after the Shedder is created (or
 	// RestartRamp is called): the effective limit is
 	// min(MaxInFlight, current step). Every step must be <= MaxInFlight.
-	Ramp *ramp.Schedule
+	Ramp *Ramp
 	// Clock drives the ramp and the amplification-ratio window; nil means
 	// the system clock. Deadlines are always compared with the system clock,
 	// since they are applied to real contexts.
-	Clock ramp.Clock
+	Clock Clock
 	// Rand draws Retry-After values; nil means math/rand/v2's global source.
 	// Seed one for reproducible tests.
 	Rand Rand
@@ -134,9 +173,7 @@ func (o Options) Validate() error {
 		}
 	}
 	if o.Ramp != nil {
-		if err := o.Ramp.Validate(o.MaxInFlight); err != nil {
-			return fmt.Errorf("ramp: %w", err)
-		}
+		return o.Ramp.validate(o.MaxInFlight)
 	}
 	return nil
 }

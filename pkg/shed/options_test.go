@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/spillway-dev/spillway/internal/ramp"
 	"github.com/spillway-dev/spillway/pkg/shed"
 )
 
@@ -22,7 +21,7 @@ func TestOptionsValidate(t *testing.T) {
 			MaxInFlight: 40, QueueSize: 10, QueueTimeout: time.Second,
 			RetryAfterMin: 2 * time.Second, RetryAfterMax: 2 * time.Second,
 			CallerHeader: "X-Caller", DefaultQuota: 5, Quotas: map[string]int64{"big": 20, "": 2},
-			Ramp: &ramp.Schedule{Steps: []int64{5, 10, 20, 40}, StepDuration: time.Minute},
+			Ramp: &shed.Ramp{Steps: []int64{5, 10, 20, 40}, StepDuration: time.Minute},
 		}},
 		{name: "zero maxInFlight", opts: shed.Options{}, wantErr: "MaxInFlight must be >= 1, got 0"},
 		{name: "negative maxInFlight", opts: shed.Options{MaxInFlight: -3}, wantErr: "MaxInFlight must be >= 1, got -3"},
@@ -37,8 +36,11 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "bad caller header", opts: shed.Options{MaxInFlight: 1, CallerHeader: "X Api Key"}, wantErr: "CallerHeader must be an HTTP header name"},
 		{name: "negative defaultQuota", opts: shed.Options{MaxInFlight: 1, DefaultQuota: -1}, wantErr: "DefaultQuota must be >= 0, got -1"},
 		{name: "zero quota", opts: shed.Options{MaxInFlight: 1, Quotas: map[string]int64{"secret-key": 0}}, wantErr: "Quotas must all be >= 1, got 0 for one key"},
-		{name: "ramp step above maxInFlight", opts: shed.Options{MaxInFlight: 10, Ramp: &ramp.Schedule{Steps: []int64{5, 20}, StepDuration: time.Minute}}, wantErr: "ramp: steps[1] must be <= capacity 10, got 20"},
-		{name: "ramp without duration", opts: shed.Options{MaxInFlight: 10, Ramp: &ramp.Schedule{Steps: []int64{5, 10}}}, wantErr: "ramp: stepDuration must be > 0"},
+		{name: "ramp step above maxInFlight", opts: shed.Options{MaxInFlight: 10, Ramp: &shed.Ramp{Steps: []int64{5, 20}, StepDuration: time.Minute}}, wantErr: "Ramp.Steps[1] must be <= MaxInFlight (10), got 20"},
+		{name: "ramp without steps", opts: shed.Options{MaxInFlight: 10, Ramp: &shed.Ramp{StepDuration: time.Minute}}, wantErr: "Ramp.Steps must not be empty"},
+		{name: "ramp step below 1", opts: shed.Options{MaxInFlight: 10, Ramp: &shed.Ramp{Steps: []int64{0, 10}, StepDuration: time.Minute}}, wantErr: "Ramp.Steps[0] must be >= 1, got 0"},
+		{name: "ramp steps not increasing", opts: shed.Options{MaxInFlight: 10, Ramp: &shed.Ramp{Steps: []int64{5, 5, 10}, StepDuration: time.Minute}}, wantErr: "Ramp.Steps must be strictly increasing, got Ramp.Steps[1]=5 after Ramp.Steps[0]=5"},
+		{name: "ramp without duration", opts: shed.Options{MaxInFlight: 10, Ramp: &shed.Ramp{Steps: []int64{5, 10}}}, wantErr: "Ramp.StepDuration must be > 0, got 0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -124,7 +124,7 @@ func (t Ticket) Release() {
 // Shedder is normally shared by all the transports of a service.
 type Shedder struct {
 	opts    Options
-	clock   ramp.Clock
+	clock   Clock
 	gate    gate
 	callers *callers
 	metrics *metrics
@@ -185,7 +185,7 @@ func (s *Shedder) startRamp() {
 	if s.opts.Ramp == nil {
 		return
 	}
-	s.ramp = ramp.New(*s.opts.Ramp, s.clock)
+	s.ramp = ramp.New(ramp.Schedule{Steps: s.opts.Ramp.Steps, StepDuration: s.opts.Ramp.StepDuration}, s.clock)
 	steps := s.opts.Ramp.Steps
 	s.rampFinal = min(s.opts.MaxInFlight, steps[len(steps)-1])
 	s.rampDone.Store(s.ramp.Done())

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/spillway-dev/spillway/internal/ramp"
 	"github.com/spillway-dev/spillway/pkg/shed"
 )
 
@@ -256,7 +255,7 @@ func TestRampRaisesTheLimitStepByStep(t *testing.T) {
 	clk := newFakeClock()
 	s, reg := newShedder(t, shed.Options{
 		MaxInFlight: 8, Clock: clk,
-		Ramp: &ramp.Schedule{Steps: []int64{2, 4, 8}, StepDuration: time.Minute},
+		Ramp: &shed.Ramp{Steps: []int64{2, 4, 8}, StepDuration: time.Minute},
 	})
 	for _, want := range []int64{2, 4, 8, 8} {
 		if got := s.Stats().Limit; got != want {
@@ -277,7 +276,7 @@ func TestRampGrantsQueuedRequestsWhenItSteps(t *testing.T) {
 	clk := newFakeClock()
 	s, _ := newShedder(t, shed.Options{
 		MaxInFlight: 4, QueueSize: 4, QueueTimeout: 10 * time.Second, Clock: clk,
-		Ramp: &ramp.Schedule{Steps: []int64{1, 4}, StepDuration: time.Minute},
+		Ramp: &shed.Ramp{Steps: []int64{1, 4}, StepDuration: time.Minute},
 	})
 	held := admit(t, s, shed.Request{})
 	defer held.Release()
