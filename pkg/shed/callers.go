@@ -26,12 +26,16 @@ func newCallers(defaultQuota int64, quotas map[string]int64) *callers {
 	return c
 }
 
-// quota returns the caller's quota, 0 meaning none.
+// quota returns the caller's quota, 0 meaning none. DefaultQuota is a quota
+// per API key: keyless requests get one only from Quotas[""].
 func (c *callers) quota(caller string) int64 {
 	if len(c.quotas) > 0 {
 		if q, ok := c.quotas[caller]; ok {
 			return q
 		}
+	}
+	if caller == "" {
+		return 0
 	}
 	return c.defaultQuota
 }

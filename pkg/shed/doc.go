@@ -13,18 +13,21 @@
 //     quota of requests admitted or queued at once (Options.DefaultQuota and
 //     Options.Quotas); the excess gets HTTP 429 (gRPC RESOURCE_EXHAUSTED), so
 //     a caller stuck in a retry loop is refused before it starves the others.
-//     Requests without a key share one anonymous caller, the empty key.
+//     Requests without a key are not held to DefaultQuota (they may be any
+//     number of clients): only MaxInFlight bounds them, unless Quotas[""]
+//     sets one bucket that all keyless requests share.
 //   - Expired deadline. A request whose caller's deadline has already passed
 //     is dropped with HTTP 504 (gRPC DEADLINE_EXCEEDED): nobody is waiting for
 //     the answer. A future deadline is applied to the request's context.
-//   - Slow start. With Options.Ramp the effective limit is
-//     min(MaxInFlight, ramp limit), climbing step by step after a (re)start,
-//     for a service that comes back with cold caches.
+//   - Slow start. With Options.Ramp (a Ramp: Steps and StepDuration) the
+//     effective limit is min(MaxInFlight, ramp limit), climbing step by step
+//     after a (re)start, for a service that comes back with cold caches.
 //
 // Every 503 and 429 carries a Retry-After drawn uniformly from
 // [Options.RetryAfterMin, Options.RetryAfterMax] (default 1–10 s, whole
-// seconds), never a constant: a fixed value would make every client that
-// honours it retry in the same second.
+// seconds; an unset RetryAfterMax is at least twice RetryAfterMin), never a
+// constant by default: a fixed value would make every client that honours it
+// retry in the same second.
 //
 // # Wire contract
 //

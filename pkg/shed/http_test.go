@@ -1,15 +1,16 @@
 package shed_test
 
 import (
+	"context"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/ramp"
 	"github.com/spillway-dev/spillway/pkg/shed"
 )
 
@@ -289,7 +290,7 @@ func TestHTTPRampFollowsSchedule(t *testing.T) {
 	clk := newFakeClock()
 	s, reg := newShedder(t, shed.Options{
 		MaxInFlight: 8, Clock: clk,
-		Ramp: &ramp.Schedule{Steps: []int64{2, 4, 8}, StepDuration: time.Minute},
+		Ramp: &shed.Ramp{Steps: []int64{2, 4, 8}, StepDuration: time.Minute},
 	})
 	h := newBlockingHandler()
 	defer close(h.release)
@@ -411,5 +412,33 @@ func TestHTTPAttemptsCounted(t *testing.T) {
 	}
 	if got := metricValue(t, reg, "spillway_service_admitted_total", nil); got != 8 {
 		t.Errorf("admitted_total = %v, want 8", got)
+	}
+}
+
+// TestHTTPCanceledWhileQueuedCarriesRetryAfter checks the package promise
+// that every 503 carries a Retry-After, also for a request whose context is
+// canceled (an upstream proxy or timeout handler gave up) while it waits in
+// the queue: whoever relays the 503 must still be told when to come back.
+func TestHTTPCanceledWhileQueuedCarriesRetryAfter(t *testing.T) {
+	s, _ := newShedder(t, shed.Options{MaxInFlight: 1, QueueSize: 1, QueueTimeout: time.Minute})
+	held := admit(t, s, shed.Request{})
+	defer held.Release()
+	handler := s.Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		t.Error("a canceled request reached the handler")
+	}))
+
+	ctx, cancel := context.WithCancel(t.Context())
+	r := httptest.NewRequest(http.MethodGet, "/", nil).WithContext(ctx)
+	w := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() { handler.ServeHTTP(w, r); close(done) }()
+	waitFor(t, "one queued", func() bool { return s.Stats().Queued == 1 })
+	cancel()
+	<-done
+
+	resp := w.Result()
+	if resp.StatusCode != http.StatusServiceUnavailable || !validRetryAfter(resp) {
+		t.Fatalf("canceled while queued: got %d Retry-After %q, want 503 with whole seconds in [1, 10]",
+			resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
 }

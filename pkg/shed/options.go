@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/spillway-dev/spillway/internal/ramp"
 )
 
 // Wire contract: the names a caller uses to tell the service about a request.
@@ -37,9 +35,53 @@ const (
 
 // Defaults applied by New to zero-valued Options fields.
 const (
+	// DefaultRetryAfterMin is RetryAfterMin when unset.
 	DefaultRetryAfterMin = time.Second
+	// DefaultRetryAfterMax is RetryAfterMax when unset, unless twice
+	// RetryAfterMin is larger: see Options.RetryAfterMax.
 	DefaultRetryAfterMax = 10 * time.Second
 )
+
+// Clock supplies the current time; a test can move a fake one by hand.
+type Clock interface {
+	Now() time.Time
+}
+
+// Ramp is a slow start for a service that comes back with cold caches: the
+// concurrency limit climbs through Steps, one step per StepDuration, up to
+// MaxInFlight. For example Steps [5 10 20 40] with StepDuration one minute
+// and MaxInFlight 40 admit 5 requests at once, then 10 after a minute, 20
+// after two and all 40 after three.
+type Ramp struct {
+	// Steps are the limits to climb through: at least one, each >= 1 and
+	// <= MaxInFlight, strictly increasing. The last is normally
+	// MaxInFlight; the limit stays at the last step once it is reached.
+	Steps []int64
+	// StepDuration is how long each step lasts before the next; > 0.
+	StepDuration time.Duration
+}
+
+// validate checks r against maxInFlight, naming the field as Options spells
+// it (Ramp.Steps[i], Ramp.StepDuration).
+func (r *Ramp) validate(maxInFlight int64) error {
+	if len(r.Steps) == 0 {
+		return fmt.Errorf("Ramp.Steps must not be empty")
+	}
+	for i, v := range r.Steps {
+		switch {
+		case v < 1:
+			return fmt.Errorf("Ramp.Steps[%d] must be >= 1, got %d", i, v)
+		case v > maxInFlight:
+			return fmt.Errorf("Ramp.Steps[%d] must be <= MaxInFlight (%d), got %d", i, maxInFlight, v)
+		case i > 0 && v <= r.Steps[i-1]:
+			return fmt.Errorf("Ramp.Steps must be strictly increasing, got Ramp.Steps[%d]=%d after Ramp.Steps[%d]=%d", i, v, i-1, r.Steps[i-1])
+		}
+	}
+	if r.StepDuration <= 0 {
+		return fmt.Errorf("Ramp.StepDuration must be > 0, got %v", r.StepDuration)
+	}
+	return nil
+}
 
 // Rand is a source of uniform floats in [0, 1). *math/rand/v2.Rand and
 // *math/rand.Rand satisfy it. A Shedder serialises its calls, so a Rand that
@@ -62,30 +104,42 @@ type Options struct {
 	// RetryAfterMin and RetryAfterMax bound the Retry-After sent with 503
 	// and 429, drawn uniformly in whole seconds from the closed range. Both
 	// must be whole seconds, RetryAfterMin >= 1s and RetryAfterMin <=
-	// RetryAfterMax. Defaults 1s and 10s.
+	// RetryAfterMax.
+	//
+	// RetryAfterMin defaults to DefaultRetryAfterMin (1s).
 	RetryAfterMin time.Duration
+	// RetryAfterMax defaults to the larger of DefaultRetryAfterMax (10s) and
+	// 2 × RetryAfterMin, so setting only RetryAfterMin never leaves an empty
+	// or constant range: RetryAfterMin 15s alone gives 15–30 s, 3s alone
+	// gives 3–10 s.
 	RetryAfterMax time.Duration
 
 	// CallerHeader names the HTTP header carrying the caller's API key; its
 	// lower-case form is the gRPC metadata key. Default X-Api-Key.
 	CallerHeader string
-	// DefaultQuota is the most requests one caller may have admitted or
+	// DefaultQuota is the most requests one API key may have admitted or
 	// queued at once; >= 0. 0, the default, gives callers no quota of their
 	// own: only MaxInFlight bounds them, and no per-caller state is kept.
+	//
+	// Requests WITHOUT a key are NOT subject to DefaultQuota: they may be
+	// many different clients, and squeezing them all into one caller's
+	// quota would refuse nearly all of them. They are bounded only by
+	// MaxInFlight, unless Quotas[""] is set.
 	DefaultQuota int64
 	// Quotas overrides DefaultQuota for the listed API keys; every value
-	// >= 1. The empty key is the anonymous caller: all requests without a
-	// key share it.
+	// >= 1. The empty key "" is the keyless bucket: Quotas[""] = n caps ALL
+	// requests without a key together at n at once (one shared bucket, not
+	// n per client). Without it keyless requests have no quota.
 	Quotas map[string]int64
 
 	// Ramp, if set, is a slow start after the Shedder is created (or
 	// RestartRamp is called): the effective limit is
 	// min(MaxInFlight, current step). Every step must be <= MaxInFlight.
-	Ramp *ramp.Schedule
+	Ramp *Ramp
 	// Clock drives the ramp and the amplification-ratio window; nil means
 	// the system clock. Deadlines are always compared with the system clock,
 	// since they are applied to real contexts.
-	Clock ramp.Clock
+	Clock Clock
 	// Rand draws Retry-After values; nil means math/rand/v2's global source.
 	// Seed one for reproducible tests.
 	Rand Rand
@@ -100,7 +154,7 @@ func (o Options) withDefaults() Options {
 		o.RetryAfterMin = DefaultRetryAfterMin
 	}
 	if o.RetryAfterMax == 0 {
-		o.RetryAfterMax = DefaultRetryAfterMax
+		o.RetryAfterMax = max(DefaultRetryAfterMax, 2*o.RetryAfterMin)
 	}
 	if o.CallerHeader == "" {
 		o.CallerHeader = DefaultCallerHeader
@@ -108,7 +162,8 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Validate returns an error naming the first invalid field, or nil. Zero
+// Validate returns an error naming the first invalid field by its Go name,
+// or nil. Zero
 // optional fields are checked with their defaults, as New applies them.
 func (o Options) Validate() error {
 	o = o.withDefaults()
@@ -118,9 +173,7 @@ func (o Options) Validate() error {
 		}
 	}
 	if o.Ramp != nil {
-		if err := o.Ramp.Validate(o.MaxInFlight); err != nil {
-			return fmt.Errorf("ramp: %w", err)
-		}
+		return o.Ramp.validate(o.MaxInFlight)
 	}
 	return nil
 }
@@ -128,13 +181,13 @@ func (o Options) Validate() error {
 func (o Options) validateLimits() error {
 	switch {
 	case o.MaxInFlight < 1:
-		return fmt.Errorf("maxInFlight must be >= 1, got %d", o.MaxInFlight)
+		return fmt.Errorf("MaxInFlight must be >= 1, got %d", o.MaxInFlight)
 	case o.QueueSize < 0:
-		return fmt.Errorf("queueSize must be >= 0, got %d", o.QueueSize)
+		return fmt.Errorf("QueueSize must be >= 0, got %d", o.QueueSize)
 	case o.QueueTimeout < 0:
-		return fmt.Errorf("queueTimeout must be >= 0, got %v", o.QueueTimeout)
+		return fmt.Errorf("QueueTimeout must be >= 0, got %v", o.QueueTimeout)
 	case o.QueueSize > 0 && o.QueueTimeout == 0:
-		return fmt.Errorf("queueTimeout must be > 0 when queueSize is %d", o.QueueSize)
+		return fmt.Errorf("QueueTimeout must be > 0 when QueueSize is %d", o.QueueSize)
 	}
 	return nil
 }
@@ -142,28 +195,32 @@ func (o Options) validateLimits() error {
 func (o Options) validateRetryAfter() error {
 	switch {
 	case o.RetryAfterMin < time.Second:
-		return fmt.Errorf("retryAfterMin must be >= 1s, got %v", o.RetryAfterMin)
+		return fmt.Errorf("RetryAfterMin must be >= 1s, got %v", o.RetryAfterMin)
 	case o.RetryAfterMin%time.Second != 0:
-		return fmt.Errorf("retryAfterMin must be a whole number of seconds, got %v", o.RetryAfterMin)
+		return fmt.Errorf("RetryAfterMin must be a whole number of seconds, got %v", o.RetryAfterMin)
+	case o.RetryAfterMax < time.Second:
+		return fmt.Errorf("RetryAfterMax must be >= 1s, got %v", o.RetryAfterMax)
 	case o.RetryAfterMax%time.Second != 0:
-		return fmt.Errorf("retryAfterMax must be a whole number of seconds, got %v", o.RetryAfterMax)
+		return fmt.Errorf("RetryAfterMax must be a whole number of seconds, got %v", o.RetryAfterMax)
 	case o.RetryAfterMax < o.RetryAfterMin:
-		return fmt.Errorf("retryAfterMax must be >= retryAfterMin (%v), got %v", o.RetryAfterMin, o.RetryAfterMax)
+		// Only reachable when both are set: an unset RetryAfterMax defaults
+		// to at least RetryAfterMin, an unset RetryAfterMin to 1s.
+		return fmt.Errorf("RetryAfterMax (%v) must be >= RetryAfterMin (%v)", o.RetryAfterMax, o.RetryAfterMin)
 	}
 	return nil
 }
 
 func (o Options) validateQuotas() error {
 	if !validToken(o.CallerHeader) {
-		return fmt.Errorf("callerHeader must be an HTTP header name, got %q", o.CallerHeader)
+		return fmt.Errorf("CallerHeader must be an HTTP header name, got %q", o.CallerHeader)
 	}
 	if o.DefaultQuota < 0 {
-		return fmt.Errorf("defaultQuota must be >= 0, got %d", o.DefaultQuota)
+		return fmt.Errorf("DefaultQuota must be >= 0, got %d", o.DefaultQuota)
 	}
 	for _, q := range o.Quotas {
 		if q < 1 {
 			// The key is an API key: keep it out of error messages and logs.
-			return fmt.Errorf("quotas must all be >= 1, got %d for one key", q)
+			return fmt.Errorf("Quotas must all be >= 1, got %d for one key", q)
 		}
 	}
 	return nil

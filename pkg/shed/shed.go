@@ -38,7 +38,8 @@ const (
 	// reached. HTTP 503, gRPC UNAVAILABLE.
 	ReasonRamp Reason = "ramp"
 	// ReasonCanceled: the request's context was canceled (the caller went
-	// away) before it was admitted. HTTP 503, gRPC CANCELLED.
+	// away) before it was admitted. HTTP 503 with a Retry-After like every
+	// 503 (a proxy in between may relay it), gRPC CANCELLED.
 	ReasonCanceled Reason = "canceled"
 )
 
@@ -47,8 +48,8 @@ type Rejection struct {
 	// Reason says why the request was shed.
 	Reason Reason
 	// RetryAfter is the randomized delay to send the caller, a whole number
-	// of seconds; zero for ReasonDeadline and ReasonCanceled, which are not
-	// worth retrying.
+	// of seconds; zero only for ReasonDeadline (HTTP 504), which is not worth
+	// retrying. Every rejection answered with 503 or 429 has one.
 	RetryAfter time.Duration
 }
 
@@ -89,7 +90,8 @@ func (r *Rejection) GRPCStatus() *status.Status {
 
 // Request describes one request to Admit.
 type Request struct {
-	// Caller is the caller's API key; "" is the anonymous caller.
+	// Caller is the caller's API key; "" (no key) is subject to no quota
+	// unless Options.Quotas[""] is set, see Options.DefaultQuota.
 	Caller string
 	// Attempt is 1 for a first attempt, 2 for the first retry, and so on;
 	// values below 1 count as 1.
@@ -122,7 +124,7 @@ func (t Ticket) Release() {
 // Shedder is normally shared by all the transports of a service.
 type Shedder struct {
 	opts    Options
-	clock   ramp.Clock
+	clock   Clock
 	gate    gate
 	callers *callers
 	metrics *metrics
@@ -183,7 +185,7 @@ func (s *Shedder) startRamp() {
 	if s.opts.Ramp == nil {
 		return
 	}
-	s.ramp = ramp.New(*s.opts.Ramp, s.clock)
+	s.ramp = ramp.New(ramp.Schedule{Steps: s.opts.Ramp.Steps, StepDuration: s.opts.Ramp.StepDuration}, s.clock)
 	steps := s.opts.Ramp.Steps
 	s.rampFinal = min(s.opts.MaxInFlight, steps[len(steps)-1])
 	s.rampDone.Store(s.ramp.Done())
@@ -268,7 +270,7 @@ func (s *Shedder) countAttempt(attempt int) {
 func (s *Shedder) reject(reason Reason) *Rejection {
 	s.metrics.shed[reason].Inc()
 	r := &Rejection{Reason: reason}
-	if reason != ReasonDeadline && reason != ReasonCanceled {
+	if reason != ReasonDeadline {
 		r.RetryAfter = s.retryAfter()
 	}
 	return r

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/spillway-dev/spillway/internal/ramp"
 	"github.com/spillway-dev/spillway/pkg/shed"
 )
 
@@ -103,19 +102,39 @@ func TestQuotaIsCheckedPerCaller(t *testing.T) {
 	}
 }
 
-func TestAnonymousCallersShareOneBucket(t *testing.T) {
-	s, _ := newShedder(t, shed.Options{MaxInFlight: 10, DefaultQuota: 2})
-	a, b := admit(t, s, shed.Request{}), admit(t, s, shed.Request{})
-	defer a.Release()
-	defer b.Release()
-	if rej := rejection(t, t.Context(), s, shed.Request{}); rej.Reason != shed.ReasonQuota {
-		t.Fatalf("third anonymous request: %v, want quota", rej)
+// TestKeylessRequestsEscapeDefaultQuota checks that DefaultQuota is a quota
+// per API key: requests without a key are not all one caller squeezed into
+// DefaultQuota (DefaultQuota 1 would refuse all but one keyless request at a
+// time), they are bounded only by MaxInFlight unless Quotas[""] gives them
+// one shared bucket on purpose.
+func TestKeylessRequestsEscapeDefaultQuota(t *testing.T) {
+	s, _ := newShedder(t, shed.Options{MaxInFlight: 10, DefaultQuota: 1})
+	for range 10 {
+		defer admit(t, s, shed.Request{}).Release()
+	}
+	if st := s.Stats(); st.InFlight != 10 || st.Callers != 0 {
+		t.Fatalf("Stats() = %+v, want 10 keyless requests in flight and no per-caller state", st)
+	}
+	if rej := rejection(t, t.Context(), s, shed.Request{}); rej.Reason != shed.ReasonOverload {
+		t.Fatalf("eleventh keyless request: %v, want overload (MaxInFlight), not quota", rej)
 	}
 
-	s, _ = newShedder(t, shed.Options{MaxInFlight: 10, DefaultQuota: 2, Quotas: map[string]int64{"": 1}})
+	s, _ = newShedder(t, shed.Options{MaxInFlight: 10, DefaultQuota: 1})
+	defer admit(t, s, shed.Request{Caller: "a"}).Release()
+	if rej := rejection(t, t.Context(), s, shed.Request{Caller: "a"}); rej.Reason != shed.ReasonQuota {
+		t.Fatalf("second request of key a: %v, want quota", rej)
+	}
+}
+
+func TestQuotasEmptyKeyIsOneKeylessBucket(t *testing.T) {
+	s, _ := newShedder(t, shed.Options{MaxInFlight: 10, DefaultQuota: 5, Quotas: map[string]int64{"": 2}})
+	defer admit(t, s, shed.Request{}).Release()
 	defer admit(t, s, shed.Request{}).Release()
 	if rej := rejection(t, t.Context(), s, shed.Request{}); rej.Reason != shed.ReasonQuota {
-		t.Fatalf("second anonymous request with Quotas[\"\"]=1: %v, want quota", rej)
+		t.Fatalf("third keyless request with Quotas[\"\"]=2: %v, want quota", rej)
+	}
+	if got := s.Stats().Callers; got != 1 {
+		t.Fatalf("Stats().Callers = %d, want 1 (the keyless bucket)", got)
 	}
 }
 
@@ -206,8 +225,8 @@ func TestQueueWaitEnds(t *testing.T) {
 
 	ctx, cancel = context.WithCancel(t.Context())
 	time.AfterFunc(10*time.Millisecond, cancel)
-	if rej := rejection(t, ctx, s2, shed.Request{}); rej.Reason != shed.ReasonCanceled {
-		t.Fatalf("request canceled while queued: %+v, want canceled", rej)
+	if rej := rejection(t, ctx, s2, shed.Request{}); rej.Reason != shed.ReasonCanceled || rej.RetryAfter == 0 {
+		t.Fatalf("request canceled while queued: %+v, want canceled with a Retry-After (its 503 needs one)", rej)
 	}
 	if st := s2.Stats(); st.Queued != 0 || st.InFlight != 1 {
 		t.Fatalf("Stats() = %+v, want nothing queued and one in flight", st)
@@ -236,7 +255,7 @@ func TestRampRaisesTheLimitStepByStep(t *testing.T) {
 	clk := newFakeClock()
 	s, reg := newShedder(t, shed.Options{
 		MaxInFlight: 8, Clock: clk,
-		Ramp: &ramp.Schedule{Steps: []int64{2, 4, 8}, StepDuration: time.Minute},
+		Ramp: &shed.Ramp{Steps: []int64{2, 4, 8}, StepDuration: time.Minute},
 	})
 	for _, want := range []int64{2, 4, 8, 8} {
 		if got := s.Stats().Limit; got != want {
@@ -257,7 +276,7 @@ func TestRampGrantsQueuedRequestsWhenItSteps(t *testing.T) {
 	clk := newFakeClock()
 	s, _ := newShedder(t, shed.Options{
 		MaxInFlight: 4, QueueSize: 4, QueueTimeout: 10 * time.Second, Clock: clk,
-		Ramp: &ramp.Schedule{Steps: []int64{1, 4}, StepDuration: time.Minute},
+		Ramp: &shed.Ramp{Steps: []int64{1, 4}, StepDuration: time.Minute},
 	})
 	held := admit(t, s, shed.Request{})
 	defer held.Release()
