@@ -43,10 +43,16 @@ func releasedState(params policy.Params, paramsErr error, prev protocol.Publishe
 	case !found:
 		return protocol.Published{}, errors.New("the spec is invalid and Redis holds no state to release the fleet from")
 	}
-	next.State, next.Limit = protocol.Closed, next.Capacity
-	next.OpenUntil, next.BreakerSince, next.RampStepStarted = time.Time{}, now, now
-	next.Epoch = prev.Epoch + 2
-	return next, nil
+	return closedAtCapacity(next, now, prev.Epoch+2), nil
+}
+
+// closedAtCapacity is p published Closed at its full capacity from now, at
+// epoch: what a deleted policy and an unusable spec both leave the fleet in.
+func closedAtCapacity(p protocol.Published, now time.Time, epoch int64) protocol.Published {
+	p.State, p.Limit = protocol.Closed, p.Capacity
+	p.OpenUntil, p.BreakerSince, p.RampStepStarted = time.Time{}, now, now
+	p.Epoch = epoch
+	return p
 }
 
 // safeState is what the evaluator publishes for a policy whose spec cannot
@@ -60,11 +66,7 @@ func safeState(prev protocol.Published, now time.Time) (protocol.Published, bool
 	if prev.State == protocol.Closed && prev.Limit == prev.Capacity {
 		return prev, false
 	}
-	next := prev
-	next.State, next.Limit = protocol.Closed, prev.Capacity
-	next.OpenUntil, next.BreakerSince, next.RampStepStarted = time.Time{}, now, now
-	next.Epoch = prev.Epoch + 1
-	return next, true
+	return closedAtCapacity(prev, now, prev.Epoch+1), true
 }
 
 // evaluateInvalid is the evaluator's run for a policy whose spec cannot be
@@ -85,11 +87,13 @@ func (r *DependencyPolicyReconciler) evaluateInvalid(ctx context.Context, pol *s
 		}
 		rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
 		defer cancel()
-		prev, found, err := pc.ReadPublished(rctx)
+		// Stamped with Redis's time, as every evaluation is: the manager's
+		// clock may be off.
+		prev, found, redisNow, err := pc.ReadPublishedAt(rctx)
 		if err != nil || !found {
 			return err
 		}
-		next, changed := safeState(prev, now)
+		next, changed := safeState(prev, redisNow)
 		if _, err := pc.Publish(rctx, next); err != nil {
 			return err
 		}
