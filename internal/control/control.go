@@ -15,6 +15,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/internal/ramp"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // Event reasons of the transitions Plan reports. Reconcile emits each as a
@@ -52,7 +53,7 @@ type Transition struct {
 	Reason string
 	// From and To are the published states; they are equal for a ramp step
 	// inside Ramping.
-	From, To protocol.State
+	From, To wire.State
 	// Message says what happened, for the Event.
 	Message string
 }
@@ -66,7 +67,8 @@ type Output struct {
 	Transitions []Transition
 }
 
-// fixedClock is the instant a plan is made at.
+// fixedClock is the instant a plan is made at: a clock.Clock that stands
+// still.
 type fixedClock time.Time
 
 func (c fixedClock) Now() time.Time { return time.Time(c) }
@@ -107,7 +109,7 @@ func Plan(in Input) Output {
 
 	var transitions []Transition
 	if t, ok := b.Evaluate(window, probes); ok {
-		if t.To == breaker.Open || t.To == breaker.Closed {
+		if t.To == wire.Open || t.To == wire.Closed {
 			r.Restart()
 		}
 		state := publishedState(b.State(), r)
@@ -117,7 +119,7 @@ func Plan(in Input) Output {
 			To:      state,
 			Message: breakerMessage(in.Params, t, window, probes, r),
 		})
-	} else if b.State() == breaker.Closed && r.Advance() {
+	} else if b.State() == wire.Closed && r.Advance() {
 		transitions = append(transitions, Transition{
 			Reason:  EventRampStep,
 			From:    prev.State,
@@ -144,7 +146,7 @@ func Plan(in Input) Output {
 		Seq:             prev.Seq,
 	}
 	next.Limit = Limit(in.Params, next.State, r.Limit())
-	if next.State == protocol.Open {
+	if next.State == wire.Open {
 		next.OpenUntil = snap.Since.Add(in.Params.Breaker.OpenDuration)
 		if next.StaleAfter > 0 {
 			next.StaleAfter += max(next.OpenUntil.Sub(in.Now), 0)
@@ -169,20 +171,20 @@ func WindowStart(p policy.Params, prev protocol.Published, now time.Time) time.T
 // through Open and HalfOpen, so the autoscaler does not scale in while
 // throttled workers look idle, and through Ramping, so the fleet that the ramp
 // gives slots to is still there; it lets go once Closed at full capacity.
-func PinsMinReplicas(p policy.Params, state protocol.State) bool {
-	return p.PinMinReplicas && (state == protocol.Open || state == protocol.HalfOpen || state == protocol.Ramping)
+func PinsMinReplicas(p policy.Params, state wire.State) bool {
+	return p.PinMinReplicas && (state == wire.Open || state == wire.HalfOpen || state == wire.Ramping)
 }
 
 // Limit is the fleet-wide concurrency limit in state: 0 when Open,
 // breaker.halfOpenProbes when HalfOpen, rampLimit when Ramping and the
 // capacity when Closed.
-func Limit(p policy.Params, state protocol.State, rampLimit int64) int64 {
+func Limit(p policy.Params, state wire.State, rampLimit int64) int64 {
 	switch state {
-	case protocol.Open:
+	case wire.Open:
 		return 0
-	case protocol.HalfOpen:
+	case wire.HalfOpen:
 		return p.Breaker.HalfOpenProbes
-	case protocol.Ramping:
+	case wire.Ramping:
 		return rampLimit
 	}
 	return p.Capacity
@@ -196,22 +198,22 @@ func Limit(p policy.Params, state protocol.State, rampLimit int64) int64 {
 // keeps its transition time, so it half-opens when it would have; a ramp step
 // starts again at now, since its start is not in status. The epoch is 0, so
 // Plan publishes epoch 1 and any stale probe counts are cleared.
-func Restore(p policy.Params, state protocol.State, rampStep int, lastTransition, now time.Time) protocol.Published {
+func Restore(p policy.Params, state wire.State, rampStep int, lastTransition, now time.Time) protocol.Published {
 	since := now
 	if !lastTransition.IsZero() && !lastTransition.After(now) {
 		since = lastTransition
 	}
 	out := protocol.Published{
-		State:           protocol.Closed,
+		State:           wire.Closed,
 		BreakerSince:    since,
 		RampStep:        len(p.Ramp.Steps) - 1,
 		RampStepStarted: since,
 	}
 	switch state {
-	case protocol.Open, protocol.HalfOpen:
+	case wire.Open, wire.HalfOpen:
 		out.State = state
-	case protocol.Ramping:
-		out.State = protocol.Ramping
+	case wire.Ramping:
+		out.State = wire.Ramping
 		out.RampStep = min(max(rampStep, 0), len(p.Ramp.Steps)-1)
 		out.RampStepStarted = now
 	}
@@ -222,10 +224,7 @@ func Restore(p policy.Params, state protocol.State, rampStep int, lastTransition
 // state means the ramp is done, whatever step was stored: a capacity change
 // must not turn a closed breaker into a ramp.
 func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker.Breaker, *ramp.Ramp) {
-	state := breaker.State(prev.State)
-	if prev.State == protocol.Ramping {
-		state = breaker.Closed
-	}
+	state := prev.State.BreakerState()
 	// A time after now was written by a clock ahead of Redis's (a manager
 	// before the evaluator planned by Redis time, or a Redis failover to a
 	// node behind): it counts as now, or the window would stay empty and the
@@ -236,7 +235,7 @@ func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker
 	}
 	b := breaker.Restore(p.Breaker, clk, breaker.Snapshot{State: state, Since: since})
 	step := prev.RampStep
-	if prev.State != protocol.Ramping && b.State() == breaker.Closed {
+	if prev.State != wire.Ramping && b.State() == wire.Closed {
 		step = len(p.Ramp.Steps) - 1
 	}
 	started := prev.RampStepStarted
@@ -249,18 +248,18 @@ func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker
 
 // publishedState is Ramping for a closed breaker whose ramp is not done, and
 // the breaker's state otherwise.
-func publishedState(s breaker.State, r *ramp.Ramp) protocol.State {
-	if s == breaker.Closed && !r.Done() {
-		return protocol.Ramping
+func publishedState(s wire.State, r *ramp.Ramp) wire.State {
+	if s == wire.Closed && !r.Done() {
+		return wire.Ramping
 	}
-	return protocol.State(s)
+	return s
 }
 
-func breakerReason(to breaker.State) string {
+func breakerReason(to wire.State) string {
 	switch to {
-	case breaker.Open:
+	case wire.Open:
 		return EventOpened
-	case breaker.HalfOpen:
+	case wire.HalfOpen:
 		return EventHalfOpened
 	}
 	return EventClosed
@@ -268,13 +267,13 @@ func breakerReason(to breaker.State) string {
 
 func breakerMessage(p policy.Params, t breaker.Transition, window, probes breaker.Counts, r *ramp.Ramp) string {
 	switch {
-	case t.To == breaker.Open && t.From == breaker.HalfOpen:
+	case t.To == wire.Open && t.From == wire.HalfOpen:
 		return fmt.Sprintf("A probe call failed (%d of %d failed): breaker reopened, limit 0 for %v",
 			probes.Failures, probes.Calls, p.Breaker.OpenDuration)
-	case t.To == breaker.Open:
+	case t.To == wire.Open:
 		return fmt.Sprintf("%d of %d calls failed or timed out (failure ratio %.2f): breaker opened, limit 0 for %v",
 			window.Failures, window.Calls, p.Breaker.FailureRatio, p.Breaker.OpenDuration)
-	case t.To == breaker.HalfOpen:
+	case t.To == wire.HalfOpen:
 		return fmt.Sprintf("Breaker half-open after %v: admitting %d probe calls", p.Breaker.OpenDuration, p.Breaker.HalfOpenProbes)
 	case r.Done():
 		return fmt.Sprintf("%d probe calls succeeded: breaker closed, limit %d (full capacity)", probes.Calls, r.Limit())

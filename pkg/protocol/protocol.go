@@ -20,6 +20,7 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // Version is the protocol version. It is part of every key and stored in the
@@ -30,18 +31,18 @@ const Version = 3
 // KeyPrefix starts every key of this protocol version.
 const KeyPrefix = "spillway:v3:"
 
-// State is the fleet's state for a dependency, as the controller publishes it.
-type State string
+// State, Closed, Open, HalfOpen and Ramping are the transitional names of
+// wire.State and its values, for the callers not yet moved to pkg/wire.
+//
+// Deprecated: use pkg/wire.
+type State = wire.State
 
+// Deprecated: use pkg/wire.
 const (
-	// Closed admits calls up to the full capacity.
-	Closed State = "Closed"
-	// Open admits no calls.
-	Open State = "Open"
-	// HalfOpen admits only the probe calls.
-	HalfOpen State = "HalfOpen"
-	// Ramping admits calls up to the current ramp step.
-	Ramping State = "Ramping"
+	Closed   = wire.Closed
+	Open     = wire.Open
+	HalfOpen = wire.HalfOpen
+	Ramping  = wire.Ramping
 )
 
 // Outcome is how a call ended, as reported on release.
