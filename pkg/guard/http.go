@@ -47,7 +47,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := req.Clone(req.Context())
 	r.Header.Set(wire.AttemptHeader, strconv.Itoa(AttemptFromContext(req.Context())))
 	if d, ok := req.Context().Deadline(); ok {
-		r.Header.Set(wire.DeadlineHeader, d.UTC().Format(time.RFC3339Nano))
+		r.Header.Set(wire.DeadlineHeader, d.UTC().Format(wire.DeadlineLayout))
 	}
 	return base.RoundTrip(r)
 }

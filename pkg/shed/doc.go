@@ -39,7 +39,7 @@
 //     so on.
 //   - wire.DeadlineHeader (Spillway-Deadline): the absolute time after which the
 //     caller no longer wants the answer, in RFC 3339 with sub-second precision
-//     (time.RFC3339Nano), normally in UTC, for example
+//     (wire.DeadlineLayout, time.RFC3339Nano), normally in UTC, for example
 //     2026-05-01T12:00:03.250Z. An absolute deadline assumes the two
 //     clocks agree (NTP): a caller whose clock runs seconds behind the
 //     service's sees its requests dropped as expired.

@@ -48,7 +48,7 @@ func Example() {
 	fmt.Println(serve("team-a", wire.AttemptHeader, "1").Code)
 
 	// A retry whose caller has already given up is dropped before any work.
-	expired := time.Now().Add(-time.Second).UTC().Format(time.RFC3339Nano)
+	expired := time.Now().Add(-time.Second).UTC().Format(wire.DeadlineLayout)
 	fmt.Println(serve("team-a", wire.AttemptHeader, "2", wire.DeadlineHeader, expired).Code)
 
 	// Requests without a key are many clients, not one caller: a second

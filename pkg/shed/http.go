@@ -51,7 +51,7 @@ func (s *Shedder) httpRequest(h http.Header) Request {
 		}
 	}
 	if v := first(h[wire.DeadlineHeader]); v != "" {
-		if d, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		if d, err := time.Parse(wire.DeadlineLayout, v); err == nil {
 			req.Deadline = d
 		} else {
 			s.metrics.malformedDeadline.Inc()

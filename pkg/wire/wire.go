@@ -13,9 +13,11 @@
 // The deadline of a gRPC call needs no name here: it travels as gRPC's own
 // grpc-timeout, which grpc-go sets from the context's deadline.
 //
-// The package imports nothing, so pure packages and lean worker binaries can
-// use it.
+// The package imports only the standard library's time, so pure packages and
+// lean worker binaries can use it.
 package wire
+
+import "time"
 
 // HTTP headers.
 const (
@@ -23,9 +25,8 @@ const (
 	// integer: 1 for the first attempt, 2 for the first retry, and so on. A
 	// missing header means attempt 1.
 	AttemptHeader = "Spillway-Attempt"
-	// DeadlineHeader carries the caller's absolute deadline in RFC 3339 with
-	// sub-second precision (time.RFC3339Nano), normally in UTC. A missing
-	// header means no deadline.
+	// DeadlineHeader carries the caller's absolute deadline in
+	// DeadlineLayout, normally in UTC. A missing header means no deadline.
 	DeadlineHeader = "Spillway-Deadline"
 	// DefaultCallerHeader is the default header naming the caller (its API
 	// key); over gRPC its lower-case form, x-api-key, is the metadata key.
@@ -34,6 +35,10 @@ const (
 	// before retrying a 429 or 503: whole seconds, or an HTTP date.
 	RetryAfterHeader = "Retry-After"
 )
+
+// DeadlineLayout is the layout of DeadlineHeader's value: RFC 3339 with
+// sub-second precision, for example 2026-05-01T12:00:03.25Z.
+const DeadlineLayout = time.RFC3339Nano
 
 // gRPC metadata keys.
 const (
