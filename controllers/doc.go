@@ -27,7 +27,7 @@
 //   - binding.go: pure planning of what Spillway writes to a ScaledObject
 //     (planBinding, planRelease, the patches, Bounds, DesiredReplicas), with
 //     managedfields.go reading server-side apply's bookkeeping; consumers.go
-//     does the I/O (reads, applies, scale subresource).
+//     does the I/O (reads, applies, lets go), scale.go reads scale targets.
 //   - options.go: Options and their defaults; metrics.go: the metrics.
 package controllers
 
