@@ -7,6 +7,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/control"
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // The control law lives in internal/control, shared with the simulator; these
@@ -45,7 +46,7 @@ func WindowStart(p policy.Params, prev protocol.Published, now time.Time) time.T
 }
 
 // Limit is the fleet-wide concurrency limit in state (control.Limit).
-func Limit(p policy.Params, state protocol.State, rampLimit int64) int64 {
+func Limit(p policy.Params, state wire.State, rampLimit int64) int64 {
 	return control.Limit(p, state, rampLimit)
 }
 
@@ -57,5 +58,5 @@ func RestoreFromStatus(st spillwayv1alpha1.DependencyPolicyStatus, p policy.Para
 	if st.LastTransitionTime != nil {
 		since = st.LastTransitionTime.Time
 	}
-	return control.Restore(p, protocol.State(st.State), int(st.RampStep), since, now)
+	return control.Restore(p, wireState(st.State), int(st.RampStep), since, now)
 }

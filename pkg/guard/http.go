@@ -3,11 +3,12 @@ package guard
 import (
 	"context"
 	"fmt"
-	"github.com/spillway-dev/spillway/pkg/wire"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 type attemptKey struct{}

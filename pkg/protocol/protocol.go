@@ -20,6 +20,7 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/spillway-dev/spillway/pkg/wire"
 )
 

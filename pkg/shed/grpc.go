@@ -6,9 +6,10 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/spillway-dev/spillway/pkg/wire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // UnaryServerInterceptor returns an interceptor that admits or rejects each

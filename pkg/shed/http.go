@@ -3,10 +3,11 @@ package shed
 import (
 	"context"
 	"errors"
-	"github.com/spillway-dev/spillway/pkg/wire"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // maxAttemptDigits bounds an attempt number: longer values are malformed,
