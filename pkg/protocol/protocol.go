@@ -33,7 +33,8 @@ const Version = 3
 const KeyPrefix = "spillway:v3:"
 
 // State, Closed, Open, HalfOpen and Ramping are the transitional names of
-// wire.State and its values, for the callers not yet moved to pkg/wire.
+// wire.State and its values, for code written before pkg/wire (the simulator
+// and branches in flight); remove them once nothing uses them.
 //
 // Deprecated: use pkg/wire.
 type State = wire.State
