@@ -8,7 +8,7 @@
 // three.
 //
 // The package is pure: it performs no I/O and reads time only from an
-// injected clock.Clock, so the controller, the service middleware and the
+// injected Clock (clock.Clock), so the controller, the service middleware and the
 // simulator (virtual clock) share the same arithmetic.
 package ramp
 
@@ -19,6 +19,10 @@ import (
 
 	"github.com/spillway-dev/spillway/pkg/clock"
 )
+
+// Clock is clock.Clock, Spillway's one clock interface, under the name this
+// package's signatures use.
+type Clock = clock.Clock
 
 // Schedule is a slow-start ramp: the limits to step through and how long each
 // step lasts.
@@ -111,21 +115,21 @@ type Ramp struct {
 	mu      sync.Mutex
 	steps   []int64
 	stepDur time.Duration
-	clk     clock.Clock
+	clk     Clock
 	step    int
 	started time.Time
 }
 
 // New returns a Ramp at step 0 starting at clk.Now(). The Steps slice is
 // copied.
-func New(s Schedule, clk clock.Clock) *Ramp {
+func New(s Schedule, clk Clock) *Ramp {
 	return Restore(s, clk, Snapshot{Step: 0, StepStarted: clk.Now()})
 }
 
 // Restore returns a Ramp that continues from a persisted Snapshot. Step is
 // clamped into [0, len(Steps)-1]; a StepStarted later than clk.Now() (clock
 // skew between replicas) is clamped to clk.Now().
-func Restore(s Schedule, clk clock.Clock, snap Snapshot) *Ramp {
+func Restore(s Schedule, clk Clock, snap Snapshot) *Ramp {
 	r := &Ramp{
 		steps:   append([]int64(nil), s.Steps...),
 		stepDur: s.StepDuration,
