@@ -8,8 +8,8 @@
 // three.
 //
 // The package is pure: it performs no I/O and reads time only from an
-// injected Clock (clock.Clock), so the controller, the service middleware and the
-// simulator (virtual clock) share the same arithmetic.
+// injected Clock (clock.Clock), so the controller, the service middleware
+// and the simulator (virtual clock) share the same arithmetic.
 package ramp
 
 import (
