@@ -342,7 +342,7 @@ func (e *engine) complete(c call) {
 	e.busy--
 	ok := c.served && e.dep.upSince(c.started)
 	if c.served {
-		e.dep.release()
+		e.dep.release(e.clock.now)
 	}
 	e.counters.outcome(ok)
 	if e.ctl != nil {
@@ -417,7 +417,7 @@ func (e *engine) tick() {
 	starts := e.counters.closeSecond(k)
 	e.timers.startSecond(k)
 	e.stats.record(k-1, starts, e.dep.throughput(now, e.callDur))
-	if e.dep.overloaded(now, starts, e.callDur) {
+	if e.dep.overloaded(now) {
 		e.collapse()
 	}
 	if e.ctl != nil {
