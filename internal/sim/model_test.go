@@ -2,10 +2,12 @@ package sim_test
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/internal/sim"
 )
 
@@ -142,6 +144,64 @@ policy:
 		}
 		if probes == 0 {
 			t.Fatalf("%s: no probe in the outage; the test needs HalfOpen epochs", p)
+		}
+	}
+}
+
+// TestPredictionAccuracy: the drain forecast is the fluid limit of the
+// model. Where nothing expires, nothing collapses and the backlog outlasts
+// the ramp, it is off only by the randomness of the arrivals: over a drain
+// of D seconds the Poisson count differs from A×D by about √(A×D), which
+// moves the drain by √(A×D)/(T−A). The test allows 1% plus two such
+// standard deviations, over variations of the built-in scenarios.
+func TestPredictionAccuracy(t *testing.T) {
+	variations := []struct {
+		scenario string
+		sweep    [][2]string
+	}{
+		{"vehicle-api", [][2]string{{"seed", "1"}, {"seed", "2"}, {"seed", "3"}, {"outage", "30s"}, {"outage", "5m"}, {"outage", "10m"},
+			{"arrival_rate", "20"}, {"arrival_rate", "40"}, {"arrival_rate", "50"}, {"arrival_rate", "60"}, {"arrival_rate", "70"},
+			{"backlog", "1000"}, {"backlog", "10000"}, {"backlog", "30000"},
+			{"call_duration", "150ms"}, {"call_duration", "250ms"}, {"call_duration", "300ms"}, {"call_duration", "350ms"}, {"call_duration", "400ms"}, {"call_duration", "500ms"}}},
+		{"interview-model", [][2]string{{"seed", "2"}, {"outage", "1m"}, {"arrival_rate", "400"}, {"arrival_rate", "600"}, {"backlog", "50000"}, {"call_duration", "30ms"}}},
+		{"email-outage", [][2]string{{"seed", "2"}, {"outage", "5m"}, {"outage", "30m"}, {"arrival_rate", "20"}, {"arrival_rate", "200"}, {"backlog", "20000"}, {"call_duration", "50ms"}, {"call_duration", "300ms"}}},
+	}
+	for _, v := range variations {
+		for _, kv := range v.sweep {
+			sc, err := sim.Builtin(v.scenario)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sc.Set(kv[0], kv[1]); err != nil {
+				t.Fatal(err)
+			}
+			params, err := policy.FromSpec(sc.Policy.Spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := sim.Run(sc, []sim.Policy{sim.CapRamp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := rep.Policies[0]
+			name := fmt.Sprintf("%s %s=%s", v.scenario, kv[0], kv[1])
+			if r.DrainSeconds == nil || r.PredictedDrainSeconds == nil || r.SecondOutages > 0 {
+				t.Errorf("%s: drain %v, predicted %v, %d second outages: the variation is not one the forecast covers", name, r.DrainSeconds, r.PredictedDrainSeconds, r.SecondOutages)
+				continue
+			}
+			drain, predicted := *r.DrainSeconds, *r.PredictedDrainSeconds
+			pr := r.Prediction
+			rampTop := pr.Shut + float64(len(params.Ramp.Steps)-1)*params.Ramp.StepDuration.Seconds()
+			if drain < rampTop {
+				t.Errorf("%s: drained at %vs, before the ramp topped out at %vs: the variation is not one the forecast covers", name, drain, rampTop)
+				continue
+			}
+			sigma := math.Sqrt(pr.Arrivals*drain) / (pr.Throughput - pr.Arrivals)
+			allowed := 0.01*predicted + 2*sigma
+			t.Logf("%s: drained in %vs, predicted %vs (%+.1f%%), allowed ±%.1fs", name, drain, predicted, 100*(drain-predicted)/predicted, allowed)
+			if math.Abs(drain-predicted) > allowed {
+				t.Errorf("%s: drained in %vs, predicted %vs: more than 1%% + 2σ (%.1fs) apart", name, drain, predicted, allowed)
+			}
 		}
 	}
 }
