@@ -31,6 +31,14 @@ class SpillwayError(Exception):
         self.detail = detail
         super().__init__(self._message())
 
+    def __reduce__(self):
+        # Picklable (Celery's prefork pool and result backends pickle
+        # exceptions); the cause travels as its repr, since it may not be.
+        detail = self.detail
+        if self.cause is not None:
+            detail = f"{detail}: {self.cause!r}" if detail else repr(self.cause)
+        return (type(self), (self.after, None, detail))
+
     def _message(self) -> str:
         msg = f"{self.action}: {self.reason}"
         if self.after > 0:
@@ -116,6 +124,9 @@ class Permanent(Exception):
         super().__init__(error)
         self.error = error
 
+    def __reduce__(self):
+        return (type(self), (self.error,))
+
 
 class RetryAfter(Exception):
     """Wrap a refusal that carried a server's Retry-After (HTTP 429 or 503):
@@ -126,3 +137,6 @@ class RetryAfter(Exception):
         super().__init__(error if error is not None else f"retry after {after}s")
         self.after = float(after)
         self.error = error
+
+    def __reduce__(self):
+        return (type(self), (self.after, self.error))

@@ -303,3 +303,12 @@ def test_redis_clock_takes_the_smallest_recent_offset():
     assert late == pytest.approx(0.252)
     c.reset(12.0, 2_000_020_000)  # refused as late: Redis's clock moved ahead
     assert c.deadline(12.0, 0.0)[0] == int((2_000_008.0 + 12.0 + 0.002) * 1000)
+
+
+def test_errors_pickle_with_their_decision():
+    import pickle
+    e = spillway.CallFailed(1.5, cause=OSError("reset"))
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is spillway.CallFailed and decide(back) == (RETRY, 1.5) and "reset" in str(back)
+    r = pickle.loads(pickle.dumps(spillway.RetryAfter(3.0, ValueError("429"))))
+    assert r.after == 3.0 and isinstance(r.error, ValueError)
