@@ -143,8 +143,9 @@ def test_a_celery_worker_rides_out_an_outage(redis_server, dep, tmp_path):
     log = log_path.read_text()
 
     # Nothing reached the API while Open (a call admitted just before the
-    # publish may still arrive: allow half a second).
-    during_open = [c for c in api.calls if open_at + 0.5 < c[0] < close_at]
+    # publish may still arrive, from a worker starved by a busy machine:
+    # allow a second).
+    during_open = [c for c in api.calls if open_at + 1.0 < c[0] < close_at]
     assert during_open == [], during_open
     assert api.peak <= LIMIT, f"{api.peak} calls in flight, limit {LIMIT}"
 
@@ -152,7 +153,10 @@ def test_a_celery_worker_rides_out_an_outage(redis_server, dep, tmp_path):
     # attempt is one more than the failures the API saw for it.
     deferred = re.findall(r"Deferred task \S+\[([0-9a-f-]+)\] by ([0-9.]+)s, attempt (\d+) kept: breaker open", log)
     assert deferred, "no task was deferred while Open:\n" + log[-3000:]
-    assert all(float(after) >= 1.0 for _, after, _ in deferred[:1])
+    # The delay is the breaker's hint (open_until), never below the throttle
+    # delay once open_until has passed and the controller has not moved yet.
+    assert all(float(after) >= 0.2 for _, after, _ in deferred)
+    assert max(float(after) for _, after, _ in deferred) >= 1.0
     failures = defaultdict(int)
     for _, vehicle, _, status in api.calls:
         if status == 503:
