@@ -37,6 +37,10 @@ Task options (set with @app.task(...) or on a subclass):
   (announce a new version with ``task.guard.supersede(key, version)``).
 - ``spillway_guard_options``: keyword arguments of Guard (lease_ttl, ...).
 
+Run in the caller's thread (``task()``, ``apply``, ``task_always_eager``) a
+refusal is raised to the caller as the guard's exception: Celery re-runs an
+eager retry at once, which would spin while the fleet refuses.
+
 App configuration: ``spillway_redis_url`` (default: the broker URL when it
 is redis://) and ``spillway_guard_options``. Tested with Celery 5.2 (Debian
 12's python3-celery 5.2.6) and redis-py 4.3, prefork and solo pools.
@@ -44,6 +48,7 @@ is redis://) and ``spillway_guard_options``. Tested with Celery 5.2 (Debian
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -136,8 +141,11 @@ class GuardedTask(celery.Task):
     def __call__(self, *args, **kwargs):
         req = self.request
         job = Job(attempt=(req.retries or 0) + 1, deadline=_deadline_of(req))
-        if self.spillway_job is not None:
-            job.key, job.version = self.spillway_job(args, kwargs)
+        job_of = inspect.getattr_static(self, "spillway_job", None)  # a plain function, not a method
+        if isinstance(job_of, (staticmethod, classmethod)):
+            job_of = job_of.__get__(None, type(self))
+        if job_of is not None:
+            job.key, job.version = job_of(args, kwargs)
         try:
             return self.guard.call(lambda: self.run(*args, **kwargs), job)
         except E.SpillwayError as e:
@@ -171,12 +179,13 @@ class GuardedTask(celery.Task):
         """Send the task again after `after` seconds with the same retry count:
         Task.retry without the +1 and without max_retries."""
         req = self.request
-        if req.called_directly:
+        if req.called_directly or req.is_eager:
+            # Run in the caller's thread (task(), apply, task_always_eager),
+            # where Celery would re-run a retry at once: the caller gets the
+            # refusal instead of a spin.
             raise e
         sig = self.signature_from_request(req, args, kwargs, countdown=after,
                                           retries=req.retries or 0, headers=headers)
-        if req.is_eager:
-            raise Retry(exc=e, when=after, is_eager=True, sig=sig)
         sig.apply_async()
         raise Retry(exc=e, when=after, sig=sig)
 
