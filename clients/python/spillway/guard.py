@@ -199,11 +199,16 @@ class _Renewer:
         with self.cond:
             if self.closed:
                 return
+            # Wake the thread only when this renewal comes before every
+            # other: calls admitted one after another all renew later than
+            # the first, so the call path rarely switches threads.
+            wake = not self.heap or when < self.heap[0][0]
             heapq.heappush(self.heap, (when, next(self.seq), permit))
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="spillway-renew", daemon=True)
                 self.thread.start()
-            self.cond.notify()
+            elif wake:
+                self.cond.notify()
 
     def running(self) -> bool:
         with self.cond:
