@@ -425,6 +425,7 @@ func goWorker() int {
 		req.Header.Set("X-Lang", "go")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
+			count(func() { st.Failed++ }) // the guard reports it as a failure too
 			return err
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)

@@ -43,7 +43,9 @@ eager retry at once, which would spin while the fleet refuses.
 
 App configuration: ``spillway_redis_url`` (default: the broker URL when it
 is redis://) and ``spillway_guard_options``. Tested with Celery 5.2 (Debian
-12's python3-celery 5.2.6) and redis-py 4.3, prefork and solo pools.
+12's python3-celery 5.2.6) and redis-py 4.3: a real worker on the prefork
+pool (each child process builds its own Guard), and the task's decisions
+run in-process.
 """
 
 from __future__ import annotations
@@ -82,7 +84,6 @@ def classify(exc: BaseException) -> str:
 class GuardedTask(celery.Task):
     """A Celery task whose body runs inside a fleet slot; see the module."""
 
-    abstract = True
     spillway_dependency: Optional[str] = None
     spillway_max_age: Optional[float] = None
     spillway_job = None
