@@ -312,3 +312,20 @@ def test_errors_pickle_with_their_decision():
     assert type(back) is spillway.CallFailed and decide(back) == (RETRY, 1.5) and "reset" in str(back)
     r = pickle.loads(pickle.dumps(spillway.RetryAfter(3.0, ValueError("429"))))
     assert r.after == 3.0 and isinstance(r.error, ValueError)
+
+
+def test_past_max_call_lifetime_renewal_stops_and_a_failure_is_a_timeout(rdb, dep, make_guard):
+    publish(rdb, dep, limit=1)
+    g = make_guard(dep, lease_ttl=0.3, max_call_lifetime=0.4)
+
+    def leaked():
+        p = g.acquire()
+        assert p.lost.wait(2.0), "the permit must give up at its lifetime"
+        assert p.lifetime_exceeded
+        return p
+
+    p = leaked()
+    with pytest.raises(spillway.CallFailed):
+        p.done(RuntimeError("still running"))
+    w = g.proto.window(60)
+    assert (w["timeouts"], w["failures"]) == (1, 0)
