@@ -19,6 +19,11 @@ declare -A modules=(
   [prometheus_client]=python3-prometheus-client
 )
 
+# The common case, everything there, costs one interpreter start.
+if [ -x "${PYTHON}" ] && "${PYTHON}" -c "import $(IFS=,; echo "${!modules[*]}")" >/dev/null 2>&1; then
+  exit 0
+fi
+
 packages=()
 if [ ! -x "${PYTHON}" ]; then
   packages+=(python3)
@@ -48,9 +53,9 @@ fi
 
 log "installing Debian's ${packages[*]}"
 export DEBIAN_FRONTEND=noninteractive
-install() { "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null 2>&1; }
+install() { "${SUDO[@]}" apt-get install -y -qq -o DPkg::Lock::Timeout=120 --no-install-recommends "${packages[@]}" >/dev/null 2>&1; }
 if ! install; then
-  "${SUDO[@]}" apt-get update -qq >/dev/null 2>&1 || { log "apt-get update failed"; exit 1; }
+  "${SUDO[@]}" apt-get update -qq -o DPkg::Lock::Timeout=120 >/dev/null 2>&1 || { log "apt-get update failed"; exit 1; }
   install || { log "apt-get install ${packages[*]} failed"; exit 1; }
 fi
 

@@ -2,6 +2,7 @@
 rules of pkg/guard (deadlines, forgetting unread acquisitions, cancellation
 counted as nothing, lease renewal that stops with the call, fail closed)."""
 
+import os
 import random
 import threading
 import time
@@ -329,3 +330,25 @@ def test_past_max_call_lifetime_renewal_stops_and_a_failure_is_a_timeout(rdb, de
         p.done(RuntimeError("still running"))
     w = g.proto.window(60)
     assert (w["timeouts"], w["failures"]) == (1, 0)
+
+
+def test_the_guard_needs_no_prometheus_client(redis_server, dep):
+    import subprocess
+    import sys
+    code = f"""
+import sys
+sys.modules["prometheus_client"] = None  # as if it were not installed
+sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import redis, spillway
+from conftest import publish
+r = redis.Redis(port={redis_server.port}, socket_timeout=2)
+publish(r, {dep!r}, limit=1)
+g = spillway.Guard(r, {dep!r})
+assert not g.metrics.enabled
+print(g.call(lambda: "called"))
+g.close()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "called"
