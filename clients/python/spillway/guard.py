@@ -335,6 +335,8 @@ class Permit:
         return self
 
     def __exit__(self, et, exc, tb) -> bool:
+        if self._done:
+            return False  # the block called done() itself
         if exc is None:
             self.done(None)
         elif not isinstance(exc, Exception):
@@ -396,10 +398,12 @@ class Permit:
             return
         try:
             g.proto.release(self.member, outcome, self.attempt, self._probe_epoch, timeout=g.redis_timeout)
-        except BaseException:
+        except BaseException as e:
             # It may not have run: the lease lasts at most a TTL from now.
-            g.metrics.redis_errors.inc()
             g._forget.add(self.member, time.monotonic() + g.lease_ttl)
+            if not isinstance(e, Exception):
+                raise  # an interrupt goes on, its lease forgotten
+            g.metrics.redis_errors.inc()
 
 
 def default_classify(exc: BaseException) -> str:
