@@ -472,7 +472,9 @@ class Guard:
 
     def close(self) -> None:
         """Stop the background threads (forgetter, renewer). Leases not yet
-        forgotten expire with their TTL. Safe to call more than once."""
+        forgotten expire with their TTL, and so do the leases of calls still
+        running (no more renewals): close the guard once its calls have
+        ended. Safe to call more than once."""
         self._forget.close()
         self._renewer.close()
 
