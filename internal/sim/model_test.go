@@ -209,7 +209,8 @@ func TestPredictionAccuracy(t *testing.T) {
 // peakRun runs one pod of slots slots, always busy, against a dependency of
 // 20 slots with calls of call; failed calls take as long as served ones, so
 // during the outage each slot still wants one call's worth of slot-time at
-// a time.
+// a time. After the outage it comes back at half its concurrency for 5 s,
+// so half the slots' calls are turned away.
 func peakRun(t *testing.T, call string, slots int) sim.Result {
 	t.Helper()
 	doc := fmt.Sprintf(`name: peak
@@ -218,6 +219,7 @@ arrivals: {ratePerSecond: 5000}
 dependency:
   concurrency: 20
   callDuration: %s
+  coldStart: {factor: 0.5, duration: 5s}
   collapse: {after: 1h}
 workers: {minReplicas: 1, maxReplicas: 1, slotsPerPod: %d}
 `, call, slots) + strings.Replace(inlinePolicy, "concurrency: 10", "concurrency: 20", 1)
