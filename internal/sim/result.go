@@ -13,10 +13,17 @@ import (
 type Result struct {
 	// Policy is the policy's name.
 	Policy Policy `json:"name"`
-	// PeakOverCapacity is the highest number of calls started at the
-	// dependency in any one second, divided by its nominal throughput
-	// Concurrency/CallDuration. Above 1 the fleet offered more than the
-	// dependency can serve even when warm.
+	// PeakOverCapacity is the highest load on the dependency in any one
+	// second, divided by its warm capacity Concurrency × 1 s. The load of a
+	// second is the slot-time that calls wanted in it: the time its slots
+	// spent serving calls, plus CallDuration from the start of every call
+	// it turned away (for lack of a slot, cold or down), split over the
+	// seconds that span covers. It is the average over the second of the
+	// number of calls that wanted a slot, over Concurrency: at most 1 while
+	// no more than Concurrency calls want a slot at once, whatever the call
+	// time; above 1 the fleet offered more than the dependency can serve
+	// even when warm. Unlike the collapse rule it counts while the
+	// dependency is down, against its warm concurrency.
 	PeakOverCapacity float64 `json:"peak_over_capacity"`
 	// SecondOutages counts the collapses after the recovery.
 	SecondOutages int `json:"second_outages"`
@@ -40,7 +47,8 @@ type Result struct {
 	// dropped, given up nor found pending at the horizon. Always 0 unless
 	// the simulator is broken.
 	Lost int64 `json:"lost"`
-	// Calls counts every call made to the dependency.
+	// Calls counts every call made to the dependency before the horizon:
+	// the sum of Series.Calls.
 	Calls int64 `json:"calls"`
 	// Amplification is Calls / Jobs.
 	Amplification float64 `json:"amplification"`
@@ -73,7 +81,9 @@ type Backlog struct {
 }
 
 // Series is a per-second time series of one run; element i covers virtual
-// second [i, i+1).
+// second [i, i+1), the last one ending at the horizon (partial when the
+// horizon is not a whole second). The run covers [0, horizon): a call that
+// would start at the horizon is not made.
 type Series struct {
 	// Calls is the number of calls started at the dependency.
 	Calls []int32
@@ -167,10 +177,9 @@ func (e *engine) result(p Policy) Result {
 	jobs := int64(len(e.jobs))
 	found := e.pendingFound()
 	s := e.stats
-	nominal := float64(e.sc.Dependency.Concurrency) / e.callDur.Seconds()
 	r := Result{
 		Policy:            p,
-		PeakOverCapacity:  round(float64(s.peakStarts)/nominal, 3),
+		PeakOverCapacity:  round(float64(s.peakLoad)/float64(time.Duration(e.sc.Dependency.Concurrency)*time.Second), 3),
 		SecondOutages:     s.secondOutages,
 		Completed:         s.completed,
 		Stale:             s.stale,
