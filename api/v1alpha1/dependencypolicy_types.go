@@ -240,7 +240,7 @@ type Backoff struct {
 // HPA that KEDA made for a ScaledObject (keda-hpa-*) cannot be a consumer:
 // name the ScaledObject instead.
 //
-// +kubebuilder:validation:XValidation:rule="(has(self.scaledObjectName) && self.scaledObjectName != ”) != (has(self.horizontalPodAutoscalerName) && self.horizontalPodAutoscalerName != ”)",message="a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"
+// +kubebuilder:validation:XValidation:rule="(has(self.scaledObjectName) && size(self.scaledObjectName) > 0) != (has(self.horizontalPodAutoscalerName) && size(self.horizontalPodAutoscalerName) > 0)",message="a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"
 type Consumer struct {
 	// scaledObjectName is the name of a KEDA ScaledObject in the policy's
 	// namespace. Unique within the list. Empty (the default) when the
