@@ -6,13 +6,13 @@ import (
 	"maps"
 	"strconv"
 
-	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// This file plans, without I/O, what Spillway writes to a ScaledObject: the
-// bound and the pin while a policy holds it (planBinding), and the user's
-// replicas when it lets go (planRelease).
+// This file plans, without I/O, what Spillway writes to an autoscaler (a
+// ScaledObject or an HPA, see autoscaler.go): the bound and the pin while a
+// policy holds it (planBinding), and the user's replicas when it lets go
+// (planRelease).
 //
 // It reads the server-side apply bookkeeping, metadata.managedFields, by the
 // rules of structured-merge-diff, the library behind server-side apply:
@@ -34,9 +34,9 @@ import (
 // spillwayAnnotations are the annotations FieldManager applies.
 var spillwayAnnotations = []string{AnnotationOwner, AnnotationOriginalReplicas, AnnotationPinnedMinReplicas}
 
-// binding is what planBinding decided for one ScaledObject.
+// binding is what planBinding decided for one autoscaler.
 type binding struct {
-	// Live is the ScaledObject's replicas now; Desired what they should be.
+	// Live is the autoscaler's replicas now; Desired what they should be.
 	Live, Desired Replicas
 	// User is the user's replicas, as recorded (and updated with changes the
 	// user made since).
@@ -62,23 +62,24 @@ type binding struct {
 	Remove []string
 }
 
-// planBinding decides how policyName bounds so to bound. While pinning, the
+// planBinding decides how policyName bounds the autoscaler a to bound. While pinning, the
 // minimum is the pinned-replicas annotation, or scaled (the replicas just read
 // from the scale target) when there is none yet.
 //
 // The user's replicas are the recorded annotation, or the live values before
 // the first change, updated with the changes the user made since (see
-// userReplicas). Desired and the annotations are applied together, from so's
+// userReplicas). Desired and the annotations are applied together, from a's
 // resourceVersion, so the record always matches what was live.
-func planBinding(policyName string, so *kedav1alpha1.ScaledObject, bound int32, pinning bool, scaled *int32) binding {
-	ann := so.GetAnnotations()
-	own := ownershipOf(so.ManagedFields)
-	b := binding{Live: Replicas{Min: so.Spec.MinReplicaCount, Max: so.Spec.MaxReplicaCount}, DropLegacy: own.Legacy}
+func planBinding(policyName string, a autoscaler, bound int32, pinning bool, scaled *int32) binding {
+	ann := a.GetAnnotations()
+	k := a.kind()
+	own := ownershipOf(a.GetManagedFields(), k)
+	b := binding{Live: a.replicas(), DropLegacy: own.Legacy}
 	held := heldPin(ann)
 	b.User = b.Live
 	if s, ok := ann[AnnotationOriginalReplicas]; ok {
 		if recorded, err := parseReplicas(s); err == nil {
-			b.User, b.Adopted = userReplicas(recorded, b.Live, own, held)
+			b.User, b.Adopted = userReplicas(k, recorded, b.Live, own, held)
 		}
 	}
 	if pinning {
@@ -88,7 +89,7 @@ func planBinding(policyName string, so *kedav1alpha1.ScaledObject, bound int32, 
 			b.Pinned = ptrTo(*scaled)
 		}
 	}
-	b.Desired = DesiredReplicas(b.User, bound, b.Pinned)
+	b.Desired = desiredReplicas(k, b.User, bound, b.Pinned)
 
 	b.Annotations = map[string]string{
 		AnnotationOwner:            policyName,
@@ -110,16 +111,18 @@ func planBinding(policyName string, so *kedav1alpha1.ScaledObject, bound int32, 
 	return b
 }
 
-// planRelease is the user's replicas a ScaledObject gets back when Spillway
+// planRelease is the user's replicas an autoscaler gets back when Spillway
 // lets go of it: the record, updated with the changes the user made since;
 // nil when nothing was recorded (or the record cannot be read), and then the
 // live values stay.
-func planRelease(so *kedav1alpha1.ScaledObject) *Replicas {
-	recorded, err := parseReplicas(so.Annotations[AnnotationOriginalReplicas])
+func planRelease(a autoscaler) *Replicas {
+	ann := a.GetAnnotations()
+	recorded, err := parseReplicas(ann[AnnotationOriginalReplicas])
 	if err != nil {
 		return nil
 	}
-	u, _ := userReplicas(recorded, Replicas{Min: so.Spec.MinReplicaCount, Max: so.Spec.MaxReplicaCount}, ownershipOf(so.ManagedFields), heldPin(so.Annotations))
+	k := a.kind()
+	u, _ := userReplicas(k, recorded, a.replicas(), ownershipOf(a.GetManagedFields(), k), heldPin(ann))
 	return &u
 }
 
@@ -133,8 +136,8 @@ func heldPin(ann map[string]string) *int32 {
 	return ptrTo(int32(v))
 }
 
-// userReplicas updates the recorded user replicas with the fields the user
-// changed since, and names them. A field's live value is the user's when it
+// userReplicas updates the recorded user replicas with the fields of kind k
+// the user changed since, and names them. A field's live value is the user's when it
 // differs from the record and
 //
 //   - FieldManager does not own it: another writer changed it (or Spillway
@@ -145,26 +148,27 @@ func heldPin(ann map[string]string) *int32 {
 //     pinned value held: a tool that copies live values into what it applies
 //     (Argo CD's RespectIgnoreDifferences) looks just the same, and taking
 //     its copy for the user's would make the pin permanent.
-func userReplicas(recorded, live Replicas, own ownership, held *int32) (Replicas, string) {
+func userReplicas(k *autoscalerKind, recorded, live Replicas, own ownership, held *int32) (Replicas, string) {
 	var adopted string
 	otherMin := own.OtherMin && !(held != nil && equalInt32(live.Min, held))
 	if !equalInt32(recorded.Min, live.Min) && (!own.Min || otherMin) {
-		recorded.Min, adopted = live.Min, "minReplicaCount"
+		recorded.Min, adopted = live.Min, k.MinField
 	}
 	if !equalInt32(recorded.Max, live.Max) && (!own.Max || own.OtherMax) {
 		recorded.Max = live.Max
 		if adopted != "" {
 			adopted += ","
 		}
-		adopted += "maxReplicaCount"
+		adopted += k.MaxField
 	}
 	return recorded, adopted
 }
 
 // ownership is what managedFields says about the fields Spillway writes.
 type ownership struct {
-	// Min and Max: FieldManager's apply owns spec.minReplicaCount,
-	// spec.maxReplicaCount.
+	// Min and Max: FieldManager's apply owns the min and max fields
+	// (spec.minReplicaCount and spec.maxReplicaCount of a ScaledObject,
+	// spec.minReplicas and spec.maxReplicas of an HPA).
 	Min, Max bool
 	// OtherMin and OtherMax: a manager other than Spillway's owns them.
 	OtherMin, OtherMax bool
@@ -174,9 +178,9 @@ type ownership struct {
 	Legacy bool
 }
 
-// ownershipOf reads managedFields. Entries of subresources (status) and
-// entries that cannot be read are skipped.
-func ownershipOf(entries []metav1.ManagedFieldsEntry) ownership {
+// ownershipOf reads the managedFields of an autoscaler of kind k. Entries of
+// subresources (status) and entries that cannot be read are skipped.
+func ownershipOf(entries []metav1.ManagedFieldsEntry, k *autoscalerKind) ownership {
 	own := ownership{Annotations: map[string]bool{}}
 	for _, e := range entries {
 		if e.Subresource != "" || e.FieldsV1 == nil {
@@ -186,8 +190,8 @@ func ownershipOf(entries []metav1.ManagedFieldsEntry) ownership {
 		if err != nil {
 			continue
 		}
-		minOwned := set.has("f:spec", "f:minReplicaCount")
-		maxOwned := set.has("f:spec", "f:maxReplicaCount")
+		minOwned := set.has("f:spec", "f:"+k.MinField)
+		maxOwned := set.has("f:spec", "f:"+k.MaxField)
 		switch {
 		case e.Manager == FieldManager && e.Operation == metav1.ManagedFieldsOperationApply:
 			own.Min, own.Max = minOwned, maxOwned
@@ -206,7 +210,7 @@ func ownershipOf(entries []metav1.ManagedFieldsEntry) ownership {
 	return own
 }
 
-// letGoPatch is the merge patch with which Spillway lets go of a ScaledObject
+// letGoPatch is the merge patch with which Spillway lets go of an autoscaler
 // at resourceVersion rv whose managedFields are entries, once the user's
 // replicas are back: it removes the annotations and the entries of
 // FieldManager and MetadataFieldOwner, and changes no other field, so it
@@ -231,7 +235,7 @@ func letGoPatch(rv string, entries []metav1.ManagedFieldsEntry) ([]byte, error) 
 
 // cleanupPatch is the merge patch that, before FieldManager's apply, removes
 // the annotations b.Remove names and, with b.DropLegacy, MetadataFieldOwner's
-// entry from a ScaledObject at resourceVersion rv whose managedFields are
+// entry from an autoscaler at resourceVersion rv whose managedFields are
 // entries. It changes nothing else, so MetadataFieldOwner owns nothing after
 // it; nil when there is nothing to do.
 func cleanupPatch(b binding, rv string, entries []metav1.ManagedFieldsEntry) ([]byte, error) {

@@ -12,8 +12,9 @@ import (
 // sets none.
 const KEDADefaultMaxReplicas int32 = 100
 
-// Replicas is a ScaledObject's minReplicaCount and maxReplicaCount; nil means
-// unset. It is also the JSON of the AnnotationOriginalReplicas annotation,
+// Replicas is an autoscaler's minimum and maximum replicas (a ScaledObject's
+// minReplicaCount and maxReplicaCount, an HPA's minReplicas and
+// maxReplicas); nil means unset. It is also the JSON of the AnnotationOriginalReplicas annotation,
 // {"min":2,"max":null}, where null keeps "unset" distinct from any number.
 type Replicas struct {
 	Min *int32 `json:"min"`
@@ -78,16 +79,26 @@ func Bounds(capacity int64, consumers []spillwayv1alpha1.Consumer) []int32 {
 //     max, while pinning; otherwise the user's min, capped at the max so that
 //     min ≤ max holds as KEDA requires, and unset when the user's is unset.
 func DesiredReplicas(user Replicas, bound int32, pin *int32) Replicas {
+	return desiredReplicas(scaledObjectKind, user, bound, pin)
+}
+
+// desiredReplicas is DesiredReplicas for an autoscaler of kind k, whose unset
+// min and max mean k.DefaultMin and k.DefaultMax. A kind whose max is
+// required (an HPA) always gets one.
+func desiredReplicas(k *autoscalerKind, user Replicas, bound int32, pin *int32) Replicas {
 	var out Replicas
-	userMax := KEDADefaultMaxReplicas
-	if user.Max != nil {
+	userMax := bound
+	switch {
+	case user.Max != nil:
 		userMax = *user.Max
+	case k.DefaultMax > 0:
+		userMax = k.DefaultMax
 	}
 	effectiveMax := min(userMax, bound)
-	if user.Max != nil || bound < KEDADefaultMaxReplicas {
+	if user.Max != nil || k.DefaultMax == 0 || bound < k.DefaultMax {
 		out.Max = &effectiveMax
 	}
-	userMin := int32(0)
+	userMin := k.DefaultMin
 	if user.Min != nil {
 		userMin = *user.Min
 	}

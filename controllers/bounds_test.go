@@ -263,7 +263,7 @@ func TestPlanBinding(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			b := planBinding("dep", tt.so, 20, tt.pinning, tt.scaled)
+			b := planBinding("dep", soAutoscaler{tt.so}, 20, tt.pinning, tt.scaled)
 			g.Expect(b.Desired.Equal(tt.wantDesired)).To(BeTrue(), "desired %s", b.Desired)
 			g.Expect(b.User.Equal(tt.wantUser)).To(BeTrue(), "user %s", b.User)
 			g.Expect(b.Annotations).To(Equal(tt.wantAnn))
@@ -291,7 +291,7 @@ func TestPlanRelease(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := planRelease(tt.so)
+			got := planRelease(soAutoscaler{tt.so})
 			if (got == nil) != (tt.want == nil) || (got != nil && !got.Equal(*tt.want)) {
 				t.Errorf("planRelease = %v, want %v", got, tt.want)
 			}
@@ -367,16 +367,16 @@ func TestCleanupPatch(t *testing.T) {
 
 func TestOwnershipOf(t *testing.T) {
 	g := NewWithT(t)
-	g.Expect(ownershipOf(nil)).To(Equal(ownership{Annotations: map[string]bool{}}))
+	g.Expect(ownershipOf(nil, scaledObjectKind)).To(Equal(ownership{Annotations: map[string]bool{}}))
 	g.Expect(ownershipOf([]metav1.ManagedFieldsEntry{
 		managedBy("kubectl", metav1.ManagedFieldsOperationApply, "minReplicaCount", "maxReplicaCount"),
 		managedBy(FieldManager, metav1.ManagedFieldsOperationApply, "maxReplicaCount", "ann:"+AnnotationOwner),
-	})).To(Equal(ownership{Max: true, OtherMin: true, OtherMax: true, Annotations: map[string]bool{AnnotationOwner: true}}))
+	}, scaledObjectKind)).To(Equal(ownership{Max: true, OtherMin: true, OtherMax: true, Annotations: map[string]bool{AnnotationOwner: true}}))
 	g.Expect(ownershipOf([]metav1.ManagedFieldsEntry{
 		managedBy(FieldManager, metav1.ManagedFieldsOperationUpdate, "maxReplicaCount"),
 		managedBy(MetadataFieldOwner, metav1.ManagedFieldsOperationUpdate, "maxReplicaCount"),
-	})).To(Equal(ownership{Legacy: true, Annotations: map[string]bool{}}), "only the apply entry is ours; Spillway's other entries are nobody else's")
+	}, scaledObjectKind)).To(Equal(ownership{Legacy: true, Annotations: map[string]bool{}}), "only the apply entry is ours; Spillway's other entries are nobody else's")
 	status := managedBy("keda", metav1.ManagedFieldsOperationUpdate, "maxReplicaCount")
 	status.Subresource = "status"
-	g.Expect(ownershipOf([]metav1.ManagedFieldsEntry{status})).To(Equal(ownership{Annotations: map[string]bool{}}), "subresource entries do not count")
+	g.Expect(ownershipOf([]metav1.ManagedFieldsEntry{status}, scaledObjectKind)).To(Equal(ownership{Annotations: map[string]bool{}}), "subresource entries do not count")
 }

@@ -25,6 +25,7 @@ import (
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	"github.com/redis/go-redis/v9"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -92,7 +93,11 @@ const (
 	// IndexConsumer indexes DependencyPolicies by the names of the
 	// ScaledObjects they list as consumers.
 	IndexConsumer = "spec.consumers.scaledObjectName"
-	// IndexOwner indexes ScaledObjects by their AnnotationOwner.
+	// IndexHPAConsumer indexes DependencyPolicies by the names of the
+	// HorizontalPodAutoscalers they list as consumers.
+	IndexHPAConsumer = "spec.consumers.horizontalPodAutoscalerName"
+	// IndexOwner indexes ScaledObjects and HorizontalPodAutoscalers by their
+	// AnnotationOwner.
 	IndexOwner = "metadata.annotations.spillway.dev/owner"
 )
 
@@ -208,6 +213,7 @@ type DependencyPolicyReconciler struct {
 // +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/status,verbs=patch
 // +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/finalizers,verbs=update
 // +kubebuilder:rbac:groups=keda.sh,resources=scaledobjects,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=apps,resources=deployments/scale;statefulsets/scale,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -241,6 +247,9 @@ func (r *DependencyPolicyReconciler) SetupWithManager(ctx context.Context, mgr c
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &kedav1alpha1.ScaledObject{}, IndexOwner, ownerName); err != nil {
 		return fmt.Errorf("failed to index ScaledObjects by owner: %w", err)
 	}
+	if err := indexHPAs(ctx, mgr); err != nil {
+		return err
+	}
 	err := ctrl.NewControllerManagedBy(mgr).
 		For(&spillwayv1alpha1.DependencyPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles}).
@@ -255,6 +264,10 @@ func (r *DependencyPolicyReconciler) SetupWithManager(ctx context.Context, mgr c
 		For(&spillwayv1alpha1.DependencyPolicy{}, builder.WithPredicates(predicate.Or[client.Object](
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		Watches(&kedav1alpha1.ScaledObject{}, scaledObjectHandler{
+			EventHandler: handler.EnqueueRequestsFromMapFunc(r.policiesFor),
+			forget:       func(uid types.UID) { r.scaleChecks.Delete(uid) },
+		}).
+		Watches(&autoscalingv2.HorizontalPodAutoscaler{}, scaledObjectHandler{
 			EventHandler: handler.EnqueueRequestsFromMapFunc(r.policiesFor),
 			forget:       func(uid types.UID) { r.scaleChecks.Delete(uid) },
 		}).
@@ -551,12 +564,16 @@ func (r *DependencyPolicyReconciler) setCondition(pol *spillwayv1alpha1.Dependen
 	meta.SetStatusCondition(&pol.Status.Conditions, c)
 }
 
-// policiesFor maps a ScaledObject to the policies that name it as a consumer,
-// and to the one its owner annotation names.
+// policiesFor maps a ScaledObject or an HPA to the policies that name it as
+// a consumer, and to the one its owner annotation names.
 func (r *DependencyPolicyReconciler) policiesFor(ctx context.Context, obj client.Object) []reconcile.Request {
+	index := IndexConsumer
+	if _, ok := obj.(*autoscalingv2.HorizontalPodAutoscaler); ok {
+		index = IndexHPAConsumer
+	}
 	var list spillwayv1alpha1.DependencyPolicyList
-	if err := r.Client.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.MatchingFields{IndexConsumer: obj.GetName()}); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "Failed to list the policies of a ScaledObject", "scaledObject", klog.KObj(obj))
+	if err := r.Client.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.MatchingFields{index: obj.GetName()}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to list the policies of an autoscaler", "autoscaler", klog.KObj(obj))
 	}
 	seen := map[string]bool{}
 	var reqs []reconcile.Request
@@ -573,8 +590,8 @@ func (r *DependencyPolicyReconciler) policiesFor(ctx context.Context, obj client
 	return reqs
 }
 
-// scaledObjectHandler enqueues the policies of a ScaledObject that changed,
-// and forgets a deleted ScaledObject's cached scale check.
+// scaledObjectHandler enqueues the policies of an autoscaler (a ScaledObject
+// or an HPA) that changed, and forgets a deleted one's cached scale check.
 type scaledObjectHandler struct {
 	handler.EventHandler
 	forget func(types.UID)
@@ -596,7 +613,9 @@ func consumerNames(obj client.Object) []string {
 	}
 	names := make([]string, 0, len(pol.Spec.Consumers))
 	for _, c := range pol.Spec.Consumers {
-		names = append(names, c.ScaledObjectName)
+		if c.ScaledObjectName != "" {
+			names = append(names, c.ScaledObjectName)
+		}
 	}
 	return names
 }
