@@ -112,10 +112,10 @@ const (
 	// read deployments/scale and statefulsets/scale.
 	ReasonScaleTargetForbidden = "ScaleTargetForbidden"
 	// ReasonConflict (False): another DependencyPolicy already bounds the
-	// ScaledObject (see the spillway.dev/owner annotation). The first policy
+	// autoscaler (see the spillway.dev/owner annotation). The first policy
 	// keeps it; this one leaves it alone.
 	ReasonConflict = "Conflict"
-	// ReasonAPIError (False): reading or changing a ScaledObject failed (for
+	// ReasonAPIError (False): reading or changing an autoscaler failed (for
 	// example a write conflict); the controller retries.
 	ReasonAPIError = "APIError"
 )

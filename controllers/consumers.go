@@ -84,6 +84,13 @@ func (r *DependencyPolicyReconciler) bindFrom(ctx context.Context, reader client
 		return consumerResult{Reason: ref.Kind.NotFound, Message: fmt.Sprintf("the %s is being deleted", kind)}, false
 	}
 	if res := refusal(so); res != nil {
+		// Bounded before it was refused (KEDA adopted it since): the user's
+		// replicas go back, and it is left alone from then on.
+		if so.GetAnnotations()[AnnotationOwner] == pol.Name {
+			if err := r.release(ctx, pol, so); err != nil {
+				return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to restore the %s: %v", kind, err)}, false
+			}
+		}
 		return *res, false
 	}
 	if owner := so.GetAnnotations()[AnnotationOwner]; owner != "" && owner != pol.Name {
@@ -98,7 +105,7 @@ func (r *DependencyPolicyReconciler) bindFrom(ctx context.Context, reader client
 	}
 
 	// The scale target is read when the outage begins (to pin its replicas)
-	// and once per ScaledObject generation (to report a bad target early).
+	// and once per autoscaler generation (to report a bad target early).
 	var scaled *int32
 	var failed *consumerResult
 	if needPin := pinning && so.GetAnnotations()[AnnotationPinnedMinReplicas] == ""; needPin || !r.scaleChecked(so) {

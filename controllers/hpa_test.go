@@ -229,6 +229,40 @@ func TestKEDAOwnedHPAIsRefused(t *testing.T) {
 	g.Expect(getHPA(g, ns, "keda-hpa-render").Annotations).To(BeEmpty())
 }
 
+// TestHPAAdoptedByKEDAIsLetGo: an HPA that a ScaledObject comes to own
+// while Spillway bounds it gets the user's replicas back and is refused from
+// then on.
+func TestHPAAdoptedByKEDAIsLetGo(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	srv := redistest.Start(t)
+	startManager(t, ns, managerRedis(srv), testOptions)
+
+	createDeployment(t, ns, "orders", 2)
+	createHPA(t, ns, "orders", "orders", ptr.To[int32](1), 80)
+	spec := testSpec()
+	spec.Consumers = []spillwayv1alpha1.Consumer{hpaConsumer("orders")}
+	createPolicy(t, ns, "orders-db", spec)
+	g.Eventually(hpaReplicasOf(ns, "orders")).Should(Equal("min=1 max=40"))
+
+	createScaledObject(t, ns, "orders", deployment("orders"), ptr.To[int32](1), ptr.To[int32](80))
+	so := getScaledObject(g, ns, "orders")
+	hpa := getHPA(g, ns, "orders")
+	patch := client.MergeFrom(hpa.DeepCopy())
+	hpa.OwnerReferences = []metav1.OwnerReference{{APIVersion: kedav1alpha1.GroupVersion.String(), Kind: "ScaledObject", Name: "orders", UID: so.UID}}
+	g.Expect(env.Client.Patch(ctx, hpa, patch, client.FieldOwner("keda"))).To(Succeed())
+
+	g.Eventually(conditionOf(ns, "orders-db", ConditionConsumersBounded)).Should(Equal("False/" + ReasonOwnedByScaledObject))
+	g.Eventually(func(g Gomega) {
+		hpa := getHPA(g, ns, "orders")
+		g.Expect(hpaAutoscaler{hpa}.replicas().String()).To(Equal("min=1 max=80"))
+		g.Expect(hpa.Annotations).NotTo(HaveKey(AnnotationOwner))
+		g.Expect(managersOf(hpa)).NotTo(ContainElement(FieldManager))
+	}).Should(Succeed())
+}
+
 // TestHPAWatch: a consumer naming an HPA that does not exist is reported,
 // and bounded once the HPA is created; then a change to the bounded HPA
 // re-enqueues its policy through the HPA watch. The status interval is an
