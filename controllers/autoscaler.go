@@ -1,14 +1,12 @@
 package controllers
 
 import (
-	"context"
 	"fmt"
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
@@ -184,32 +182,4 @@ func refusal(a autoscaler) *consumerResult {
 		}
 	}
 	return nil
-}
-
-// indexHPAs registers the field indexes of HPA consumers: policies by the
-// HPAs they name (IndexHPAConsumer), and HPAs by their owner annotation
-// (IndexOwner).
-func indexHPAs(ctx context.Context, mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &spillwayv1alpha1.DependencyPolicy{}, IndexHPAConsumer, hpaConsumerNames); err != nil {
-		return fmt.Errorf("failed to index DependencyPolicies by HorizontalPodAutoscaler consumer: %w", err)
-	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &autoscalingv2.HorizontalPodAutoscaler{}, IndexOwner, ownerName); err != nil {
-		return fmt.Errorf("failed to index HorizontalPodAutoscalers by owner: %w", err)
-	}
-	return nil
-}
-
-// hpaConsumerNames is the IndexHPAConsumer index function.
-func hpaConsumerNames(obj client.Object) []string {
-	pol, ok := obj.(*spillwayv1alpha1.DependencyPolicy)
-	if !ok {
-		return nil
-	}
-	var names []string
-	for _, c := range pol.Spec.Consumers {
-		if c.HorizontalPodAutoscalerName != "" {
-			names = append(names, c.HorizontalPodAutoscalerName)
-		}
-	}
-	return names
 }

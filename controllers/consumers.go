@@ -5,18 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"strings"
-	"time"
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -28,14 +24,24 @@ import (
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
-// scaleCheckMaxDelay caps how long an autoscaler whose scale target could
-// not be read waits before the controller reads it again.
-const scaleCheckMaxDelay = 5 * time.Minute
+// This file is the policy reconciler's I/O on its consumers: it reads
+// autoscalers (ScaledObjects and HPAs) and their scale targets and applies
+// what binding.go plans.
+
+// Event reasons for autoscalers, besides the transitions in plan.go
+// (internal/control).
+const (
+	// EventBounded: Spillway changed an autoscaler's min or max replicas.
+	EventBounded = "Bounded"
+	// EventRestored: Spillway put back an autoscaler's replicas and let go
+	// of it.
+	EventRestored = "Restored"
+)
 
 // reconcileConsumers bounds each consumer of pol for state, and lets go of
 // the autoscalers pol bounded but no longer names. It returns one result per
 // consumer, in spec order, then one per autoscaler it failed to let go.
-func (r *DependencyPolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, state protocol.State) []consumerResult {
+func (r *PolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, state protocol.State) []consumerResult {
 	bounds := Bounds(params.Capacity, pol.Spec.Consumers)
 	pinning := control.PinsMinReplicas(params, state)
 	results := make([]consumerResult, 0, len(pol.Spec.Consumers))
@@ -58,7 +64,7 @@ func (r *DependencyPolicyReconciler) reconcileConsumers(ctx context.Context, pol
 // server-side apply under FieldManager. It plans from the cache; when the
 // autoscaler changed since (the cache lags, or the user just wrote), the
 // apply is refused and bindConsumer plans once more from the API server.
-func (r *DependencyPolicyReconciler) bindConsumer(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, ref consumerRef, bound int32, pinning bool) consumerResult {
+func (r *PolicyReconciler) bindConsumer(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, ref consumerRef, bound int32, pinning bool) consumerResult {
 	res, conflict := r.bindFrom(ctx, r.Client, pol, ref, bound, pinning)
 	if conflict {
 		ctrl.LoggerFrom(ctx).V(1).Info("An autoscaler changed since the cache read it: reading it again", ref.Kind.LogKey, klog.KRef(pol.Namespace, ref.Name))
@@ -70,7 +76,7 @@ func (r *DependencyPolicyReconciler) bindConsumer(ctx context.Context, pol *spil
 // bindFrom is bindConsumer with the autoscaler read from reader. It reports
 // whether the apply was refused because the autoscaler changed since it was
 // read.
-func (r *DependencyPolicyReconciler) bindFrom(ctx context.Context, reader client.Reader, pol *spillwayv1alpha1.DependencyPolicy, ref consumerRef, bound int32, pinning bool) (consumerResult, bool) {
+func (r *PolicyReconciler) bindFrom(ctx context.Context, reader client.Reader, pol *spillwayv1alpha1.DependencyPolicy, ref consumerRef, bound int32, pinning bool) (consumerResult, bool) {
 	log := ctrl.LoggerFrom(ctx)
 	kind := ref.Kind.Kind
 	so := ref.newObject()
@@ -149,7 +155,7 @@ func (r *DependencyPolicyReconciler) bindFrom(ctx context.Context, reader client
 // user's change made meanwhile is therefore never overwritten unrecorded: it
 // is read, and recorded, on the next try. What the apply cannot remove (see
 // cleanupPatch) goes first, from the same resourceVersion.
-func (r *DependencyPolicyReconciler) applyBinding(ctx context.Context, so autoscaler, b binding) error {
+func (r *PolicyReconciler) applyBinding(ctx context.Context, so autoscaler, b binding) error {
 	data, err := cleanupPatch(b, so.GetResourceVersion(), so.GetManagedFields())
 	if err != nil {
 		return err
@@ -166,7 +172,7 @@ func (r *DependencyPolicyReconciler) applyBinding(ctx context.Context, so autosc
 // apply server-side applies min and max (the fields desired sets, and no
 // others) and annotations to so under FieldManager, with so's resourceVersion
 // as a precondition, and returns the object the API server answered.
-func (r *DependencyPolicyReconciler) apply(ctx context.Context, so autoscaler, desired Replicas, annotations map[string]string) (*unstructured.Unstructured, error) {
+func (r *PolicyReconciler) apply(ctx context.Context, so autoscaler, desired Replicas, annotations map[string]string) (*unstructured.Unstructured, error) {
 	k := so.kind()
 	ann := make(map[string]any, len(annotations))
 	for k, v := range annotations {
@@ -203,7 +209,7 @@ func (r *DependencyPolicyReconciler) apply(ctx context.Context, so autoscaler, d
 // names are let go of too, so that one pol claimed moments ago, which the
 // cache may not show yet, is not left bounded once the finalizer is gone.
 // Each is read from the API server (APIReader) before it is let go.
-func (r *DependencyPolicyReconciler) releaseAll(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, keep map[consumerRef]bool) error {
+func (r *PolicyReconciler) releaseAll(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, keep map[consumerRef]bool) error {
 	refs := map[consumerRef]bool{}
 	var sos kedav1alpha1.ScaledObjectList
 	if err := r.Client.List(ctx, &sos, client.InNamespace(pol.Namespace), client.MatchingFields{IndexOwner: pol.Name}); err != nil {
@@ -265,7 +271,7 @@ func compareRefs(a, b consumerRef) int {
 // Spillway then owns nothing: a field only it owned is owned by nobody and
 // the user's next apply, forced or not, takes it; a field the user's manager
 // owned too stays theirs.
-func (r *DependencyPolicyReconciler) release(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, so autoscaler) error {
+func (r *PolicyReconciler) release(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, so autoscaler) error {
 	user := planRelease(so)
 	rv, entries := so.GetResourceVersion(), so.GetManagedFields()
 	if user != nil {
@@ -307,7 +313,7 @@ func (r *DependencyPolicyReconciler) release(ctx context.Context, pol *spillwayv
 
 // claimedBy reports whether the policy owner, in namespace, exists and names
 // the autoscaler ref as a consumer.
-func (r *DependencyPolicyReconciler) claimedBy(ctx context.Context, namespace, owner string, ref consumerRef) (bool, error) {
+func (r *PolicyReconciler) claimedBy(ctx context.Context, namespace, owner string, ref consumerRef) (bool, error) {
 	other := &spillwayv1alpha1.DependencyPolicy{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: owner}, other); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -317,114 +323,6 @@ func (r *DependencyPolicyReconciler) claimedBy(ctx context.Context, namespace, o
 	}
 	for _, c := range other.Spec.Consumers {
 		if refOf(c) == ref {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
-// scaleCheck remembers reading one autoscaler's scale target.
-type scaleCheck struct {
-	generation int64
-	failed     *consumerResult
-	failures   int
-	next       time.Time
-}
-
-// scaleChecked reports whether so's scale target need not be read now: it
-// was read successfully at this generation, or it failed and its backoff has
-// not expired (then the cached failure is reported by readScale).
-func (r *DependencyPolicyReconciler) scaleChecked(so autoscaler) bool {
-	v, ok := r.scaleChecks.Load(so.GetUID())
-	if !ok {
-		return false
-	}
-	c := v.(scaleCheck)
-	return c.generation == so.GetGeneration() && c.failed == nil
-}
-
-// readScale reads the replicas of so's scale target from its scale
-// subresource (spec.replicas: what the autoscaler last asked for). A target
-// that failed is read again only after a backoff, doubling from 1s up to
-// scaleCheckMaxDelay; meanwhile the last failure is returned.
-func (r *DependencyPolicyReconciler) readScale(ctx context.Context, so autoscaler) (int32, *consumerResult) {
-	now := r.Clock.Now()
-	prev := scaleCheck{}
-	if v, ok := r.scaleChecks.Load(so.GetUID()); ok {
-		prev = v.(scaleCheck)
-		if prev.failed != nil && prev.generation == so.GetGeneration() && now.Before(prev.next) {
-			return 0, prev.failed
-		}
-	}
-	replicas, failed := r.getScale(ctx, so)
-	check := scaleCheck{generation: so.GetGeneration(), failed: failed}
-	if failed != nil {
-		check.failures = prev.failures + 1
-		delay := min(time.Duration(1<<min(check.failures-1, 20))*time.Second, scaleCheckMaxDelay)
-		check.next = now.Add(jitter(delay))
-	}
-	r.scaleChecks.Store(so.GetUID(), check)
-	return replicas, failed
-}
-
-// getScale reads the scale subresource of so's scaleTargetRef (an apps/v1
-// Deployment when the apiVersion and kind are unset, as KEDA defaults them)
-// and says what went wrong when it cannot.
-func (r *DependencyPolicyReconciler) getScale(ctx context.Context, so autoscaler) (int32, *consumerResult) {
-	apiVersion, kind, name := so.scaleTarget()
-	if name == "" {
-		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("the %s has no scaleTargetRef", so.kind().Kind)}
-	}
-	if apiVersion == "" {
-		apiVersion = "apps/v1"
-	}
-	if kind == "" {
-		kind = "Deployment"
-	}
-	gv, err := schema.ParseGroupVersion(apiVersion)
-	if err != nil {
-		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("invalid scaleTargetRef.apiVersion %q: %v", apiVersion, err)}
-	}
-	gvk := gv.WithKind(kind)
-	target := &unstructured.Unstructured{}
-	target.SetGroupVersionKind(gvk)
-	target.SetNamespace(so.GetNamespace())
-	target.SetName(name)
-	scale := &unstructured.Unstructured{}
-	scale.SetGroupVersionKind(schema.GroupVersionKind{Group: "autoscaling", Version: "v1", Kind: "Scale"})
-	err = r.Client.SubResource("scale").Get(ctx, target, scale)
-	what := fmt.Sprintf("%s %s (%s)", kind, name, apiVersion)
-	switch {
-	case err == nil:
-		replicas, _, _ := unstructured.NestedInt64(scale.Object, "spec", "replicas")
-		return int32(min(max(replicas, 0), math.MaxInt32)), nil
-	case meta.IsNoMatchError(err):
-		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("scale target %s: the kind is not served by the API server", what)}
-	case apierrors.IsNotFound(err), apierrors.IsForbidden(err), apierrors.IsMethodNotSupported(err):
-		if has, derr := r.hasScaleSubresource(gvk); derr == nil && !has {
-			return 0, &consumerResult{Reason: ReasonNoScaleSubresource, Message: fmt.Sprintf("scale target %s has no scale subresource", what)}
-		}
-		if apierrors.IsForbidden(err) {
-			return 0, &consumerResult{Reason: ReasonScaleTargetForbidden, Message: fmt.Sprintf("scale target %s: the controller may not read its scale subresource: %v", what, err)}
-		}
-		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("scale target %s not found", what)}
-	}
-	return 0, &consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to read the scale of %s: %v", what, err)}
-}
-
-// hasScaleSubresource asks discovery whether gvk's resource has a scale
-// subresource.
-func (r *DependencyPolicyReconciler) hasScaleSubresource(gvk schema.GroupVersionKind) (bool, error) {
-	mapping, err := r.Client.RESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
-	if err != nil {
-		return false, err
-	}
-	list, err := r.Discovery.ServerResourcesForGroupVersion(gvk.GroupVersion().String())
-	if err != nil {
-		return false, err
-	}
-	for _, res := range list.APIResources {
-		if res.Name == mapping.Resource.Resource+"/scale" {
 			return true, nil
 		}
 	}
