@@ -68,9 +68,9 @@ var (
 	}
 )
 
-// autoscaler is a consumer's autoscaler, as Spillway reads it. It is not a
-// client.Object itself, so that the wrapper is never handed to a client:
-// object is.
+// autoscaler is a consumer's autoscaler, as Spillway reads it. The interface
+// is not a client.Object, so that the compiler keeps a wrapper from being
+// handed to a client (whose scheme knows only the API types): object is.
 type autoscaler interface {
 	metav1.Object
 	// object is the API object, to read into and to write.
