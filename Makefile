@@ -59,8 +59,12 @@ envtest: ## Build kube-apiserver and etcd for envtest (cached in $(SPILLWAY_CACH
 redis: ## Install redis-server and redis-sentinel from Debian's packages when they are missing.
 	hack/setup-redis.sh
 
+.PHONY: prometheus
+prometheus: ## Install Debian's prometheus server when it is missing (tests start their own on loopback).
+	hack/setup-prometheus.sh
+
 .PHONY: test
-test: envtest redis ## Run every test against a real kube-apiserver, etcd and redis-server.
+test: envtest redis prometheus ## Run every test against a real kube-apiserver, etcd and redis-server.
 	go test $(TEST_FLAGS) ./...
 
 .PHONY: bench
