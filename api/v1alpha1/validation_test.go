@@ -404,6 +404,7 @@ func TestDefaults(t *testing.T) {
 			ScaledObjectName: "email-render-workers",
 			SlotsPerReplica:  1,
 			Weight:           1,
+			LimitedBy:        spillwayv1alpha1.LimitedByLibrary,
 		}},
 		PinMinReplicasDuringOutage: ptr.To(true),
 	}))
