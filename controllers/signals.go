@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
@@ -16,6 +17,7 @@ import (
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/control"
+	"github.com/spillway-dev/spillway/internal/policy"
 )
 
 // The controller reads a policy's Prometheus credentials Secret with get,
@@ -337,4 +339,25 @@ func samePrometheusSignal(a, b spillwayv1alpha1.PrometheusSignal) bool {
 		a.Interval == b.Interval && a.Timeout == b.Timeout &&
 		(a.CredentialsSecretRef == nil) == (b.CredentialsSecretRef == nil) &&
 		(a.CredentialsSecretRef == nil || a.CredentialsSecretRef.Name == b.CredentialsSecretRef.Name)
+}
+
+// observeSignals is the evaluator's look at pol's external signal: the
+// signal Plan takes and its status, with an Event when the signal starts
+// failing or recovers. It never waits for a query.
+func (r *Evaluator) observeSignals(pol *spillwayv1alpha1.DependencyPolicy, params policy.Params) (control.Signal, signalStatus) {
+	sig, st, prev := r.Signals.Observe(pol, params.Breaker.Window)
+	if typ, reason, msg, ok := signalEvent(prev, st); ok {
+		r.Recorder.Eventf(pol, nil, typ, reason, "Evaluate", "%s", msg)
+	}
+	return sig, st
+}
+
+// setSignalsCondition sets the SignalsHealthy condition of a policy that
+// names a signal, and removes it from one that does not.
+func setSignalsCondition(pol *spillwayv1alpha1.DependencyPolicy, st signalStatus) {
+	if !st.Configured {
+		meta.RemoveStatusCondition(&pol.Status.Conditions, ConditionSignalsHealthy)
+		return
+	}
+	setCondition(pol, signalsHealthyCondition(st))
 }
