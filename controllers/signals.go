@@ -88,7 +88,8 @@ type signalState struct {
 	running bool
 	started time.Time
 	result  *signalResult
-	// reported is the reason Observe last returned, to tell a change.
+	// reported is the last reason Observe returned other than Pending, to
+	// tell a change (an Event) across a change of spec.
 	reported string
 }
 
@@ -118,8 +119,8 @@ func NewSignals(querier PrometheusQuerier, secrets client.Reader) *Signals {
 
 // Observe starts the policy's queries when they are due and none is in
 // flight, and returns, without waiting, the signal Plan takes (window is the
-// breaker window a request rate is counted over), its status, and the
-// status's reason the last call returned ("" on the first).
+// breaker window a request rate is counted over), its status, and the last
+// reason other than Pending that a call returned ("" before any).
 func (s *Signals) Observe(pol *spillwayv1alpha1.DependencyPolicy, window time.Duration) (control.Signal, signalStatus, string) {
 	key := types.NamespacedName{Namespace: pol.Namespace, Name: pol.Name}
 	s.mu.Lock()
@@ -135,7 +136,13 @@ func (s *Signals) Observe(pol *spillwayv1alpha1.DependencyPolicy, window time.Du
 	spec := *pol.Spec.Signals.Prometheus
 	st := s.policies[key]
 	if st == nil || !samePrometheusSignal(st.spec, spec) {
-		st = &signalState{spec: spec}
+		// A new spec queries afresh, but a recovery from the old one's
+		// failure is still reported.
+		next := &signalState{spec: spec}
+		if st != nil {
+			next.reported = st.reported
+		}
+		st = next
 		s.policies[key] = st
 	}
 	now := clk.Now()
@@ -145,7 +152,9 @@ func (s *Signals) Observe(pol *spillwayv1alpha1.DependencyPolicy, window time.Du
 	}
 	sig, status := signalFrom(st.result, window, now)
 	prev := st.reported
-	st.reported = status.Reason
+	if status.Reason != ReasonSignalPending {
+		st.reported = status.Reason
+	}
 	return sig, status, prev
 }
 

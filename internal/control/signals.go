@@ -61,10 +61,16 @@ const (
 // evaluates, so that the breaker's own arithmetic decides and the breaker
 // opens on either signal:
 //
-//   - The signal counts only when its sample was measured one breaker window
-//     or more after the breaker's last transition: the query is written over
-//     the breaker window, and errors from before the breaker closed (or
-//     half-opened) must not reopen it, as for the workers' window.
+//   - Closed: the signal counts only when its sample was measured one
+//     breaker window or more after the breaker's last transition: the query
+//     is written over the breaker window, and errors from before the breaker
+//     closed must not reopen it, as for the workers' window.
+//   - HalfOpen: the signal counts once its sample was measured after the
+//     breaker half-opened. Its window may still hold the end of the outage:
+//     that can only reopen the breaker once more, never close it early, and
+//     waiting for a whole clean window would let openDuration (which reopens
+//     a half-open breaker that got no probes) expire first when it is the
+//     shorter.
 //   - Closed: a ratio at or above breaker.failureRatio, over at least
 //     breaker.minCalls calls (or an unknown count), opens the breaker:
 //     window becomes at least minCalls calls, all failed.
@@ -84,7 +90,11 @@ func withSignal(p policy.Params, snap breaker.Snapshot, now time.Time, window, p
 		return window, probes, verdictNone
 	}
 	measured := now.Add(-max(s.Age, 0))
-	if measured.Sub(snap.Since) < p.Breaker.Window {
+	fresh := measured.Sub(snap.Since) >= p.Breaker.Window
+	if snap.State == breaker.HalfOpen {
+		fresh = measured.After(snap.Since)
+	}
+	if !fresh {
 		return window, probes, verdictNone
 	}
 	ratio := min(max(s.Ratio, 0), 1)

@@ -72,7 +72,9 @@ func TestPlanWithSignal(t *testing.T) {
 		{name: "half-open, failing signal reopens", state: protocol.HalfOpen, since: 40 * time.Second, ext: failing, want: protocol.Open, bySignal: true},
 		{name: "half-open, failing over a single call reopens", state: protocol.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: true, Ratio: 1, Calls: 1}, want: protocol.Open, bySignal: true},
 		{name: "half-open, failing over no call waits", state: protocol.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: true, Ratio: 1, Calls: 0}, want: protocol.HalfOpen},
-		{name: "half-open less than a window ago: the signal waits", state: protocol.HalfOpen, since: 20 * time.Second, ext: healthy, want: protocol.HalfOpen},
+		{name: "half-open, a sample from before half-opening waits", state: protocol.HalfOpen, since: 20 * time.Second, ext: Signal{Valid: true, Ratio: 0, Calls: 100, Age: 20 * time.Second}, want: protocol.HalfOpen},
+		{name: "half-open, a sample from just after half-opening counts", state: protocol.HalfOpen, since: 2 * time.Second, ext: Signal{Valid: true, Ratio: 0, Calls: 100, Age: time.Second}, want: protocol.Ramping, bySignal: true},
+		{name: "half-open, a failing sample from before half-opening waits", state: protocol.HalfOpen, since: 2 * time.Second, ext: Signal{Valid: true, Ratio: 1, Calls: 100, Age: 3 * time.Second}, want: protocol.HalfOpen},
 		{name: "half-open, healthy signal but a worker probe failed reopens", state: protocol.HalfOpen, since: 40 * time.Second, probes: protocol.Probes{Successes: 2, Failures: 1}, ext: healthy, want: protocol.Open},
 		{name: "half-open, worker probes close without the signal", state: protocol.HalfOpen, since: 40 * time.Second, probes: protocol.Probes{Successes: 3}, ext: Signal{}, want: protocol.Ramping},
 		{name: "half-open, worker probes succeeded but the signal fails: reopens", state: protocol.HalfOpen, since: 40 * time.Second, probes: protocol.Probes{Successes: 3}, ext: failing, want: protocol.Open, bySignal: true},
@@ -132,10 +134,10 @@ func TestSignalAloneRunsTheCycle(t *testing.T) {
 	g.Expect(eval(29*time.Second, healthy).Next.State).To(Equal(protocol.Open))
 	out = eval(time.Second, healthy)
 	g.Expect(out.Next.State).To(Equal(protocol.HalfOpen))
-	// Half-open: a sample from less than a window after half-opening waits;
-	// the next one closes, and the ramp starts at its first step.
-	g.Expect(eval(5*time.Second, healthy).Next.State).To(Equal(protocol.HalfOpen))
-	out = eval(5*time.Second, healthy)
+	// Half-open: a sample measured before half-opening waits; the next one
+	// closes, and the ramp starts at its first step.
+	g.Expect(eval(time.Second, Signal{Valid: true, Ratio: 0.01, Calls: 20, Age: 2 * time.Second}).Next.State).To(Equal(protocol.HalfOpen))
+	out = eval(time.Second, healthy)
 	g.Expect(out.Next.State).To(Equal(protocol.Ramping))
 	g.Expect(out.Next.Limit).To(Equal(int64(5)))
 	g.Expect(reasons(out)).To(Equal([]string{EventClosed}))
