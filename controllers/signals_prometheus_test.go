@@ -2,7 +2,7 @@ package controllers
 
 import (
 	"context"
-	"strings"
+	"slices"
 	"testing"
 	"time"
 
@@ -102,7 +102,7 @@ func TestPrometheusSignalOpensPinsAndRamps(t *testing.T) {
 	g.Expect(seen).To(ContainElements("HalfOpen/3", "Ramping/5", "Ramping/10", "Ramping/20", "Closed/40"))
 	// The first half-open sample may still hold the end of the outage and
 	// reopen it once; once the ramp started, it never reopens.
-	g.Expect(seen[slicesIndex(seen, "Ramping/5"):]).NotTo(ContainElement("Open/0"), "no reopen during the ramp: %v", seen)
+	g.Expect(seen[slices.Index(seen, "Ramping/5"):]).NotTo(ContainElement("Open/0"), "no reopen during the ramp: %v", seen)
 	g.Eventually(eventMessages(ns, "template-api", EventClosed)).Should(ContainElement(HavePrefix("Prometheus error ratio")))
 	g.Eventually(replicasOf(ns, "render")).Should(Equal("min=2 max=40"), "the user's minimum is back")
 }
@@ -167,13 +167,4 @@ func conditionNamed(pol *spillwayv1alpha1.DependencyPolicy, t string) metav1.Con
 		}
 	}
 	return metav1.Condition{}
-}
-
-func slicesIndex(s []string, v string) int {
-	for i, x := range s {
-		if strings.EqualFold(x, v) {
-			return i
-		}
-	}
-	return len(s)
 }
