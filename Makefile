@@ -63,9 +63,14 @@ redis: ## Install redis-server and redis-sentinel from Debian's packages when th
 prometheus: ## Install Debian's prometheus server when it is missing (tests start their own on loopback).
 	hack/setup-prometheus.sh
 
+.PHONY: python-test
+python-test: redis ## Run the Python client's tests on Debian's python3 (modules installed by hack/setup-python.sh).
+	hack/setup-python.sh
+	/usr/bin/python3 -m pytest clients/python/tests -q
+
 .PHONY: test
-test: envtest redis prometheus ## Run every test against a real kube-apiserver, etcd and redis-server.
-	go test $(TEST_FLAGS) ./...
+test: envtest redis prometheus python-test ## Run every test against a real kube-apiserver, etcd and redis-server.
+	SPILLWAY_REQUIRE_PYTHON=1 go test $(TEST_FLAGS) ./...
 
 .PHONY: bench
 bench: envtest redis ## Run the benchmarks whose figures go in docs/benchmarks.md.
