@@ -83,13 +83,16 @@ func TestPrometheusSignalOpensPinsAndRamps(t *testing.T) {
 	// 90% of the dependency's requests fail: Prometheus's ratio opens the
 	// breaker, and the minimum is pinned at the replicas of the outage.
 	dep.Load(50, 0.9)
+	rise := time.Now()
 	g.Eventually(w.stateLimit()).WithTimeout(20 * time.Second).WithPolling(50 * time.Millisecond).Should(Equal("Open/0"))
+	t.Logf("Open %v after the errors rose (scrape 1s, query interval 1s, window 5s)", time.Since(rise).Round(100*time.Millisecond))
 	g.Eventually(replicasOf(ns, "render")).Should(Equal("min=6 max=40"), "pinned to the replicas at the outage")
 	g.Eventually(eventMessages(ns, "template-api", EventOpened)).Should(ContainElement(HavePrefix("Prometheus error ratio")))
 
 	// The errors fall: half-open after 3s, and a window of clean Prometheus
 	// samples passes the probes; the ramp climbs 5, 10, 20, 40.
 	dep.Load(50, 0)
+	fall := time.Now()
 	var seen []string
 	g.Eventually(func(g Gomega) string {
 		s := w.stateLimit()(g)
@@ -98,7 +101,7 @@ func TestPrometheusSignalOpensPinsAndRamps(t *testing.T) {
 		}
 		return s
 	}).WithTimeout(40 * time.Second).WithPolling(20 * time.Millisecond).Should(Equal("Closed/40"))
-	t.Logf("Recovery: %v", seen)
+	t.Logf("Recovery: %v, Closed %v after the errors fell (openDuration 3s, 3 ramp steps of 1s)", seen, time.Since(fall).Round(100*time.Millisecond))
 	g.Expect(seen).To(ContainElements("HalfOpen/3", "Ramping/5", "Ramping/10", "Ramping/20", "Closed/40"))
 	// The first half-open sample may still hold the end of the outage and
 	// reopen it once; once the ramp started, it never reopens.

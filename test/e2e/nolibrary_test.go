@@ -269,7 +269,9 @@ func TestBoundingWithoutTheLibrary(t *testing.T) {
 	// the breaker; the workload is held at the first step's size (2), its
 	// minimum pinned at what it ran at the outage (8), capped at that.
 	dep.down.Store(true)
+	down := time.Now()
 	g.Eventually(func() protocol.State { s, _ := stateLimit(); return s }).WithTimeout(20 * time.Second).Should(Equal(protocol.Open))
+	t.Logf("Open %v after the dependency went down", time.Since(down).Round(100*time.Millisecond))
 	g.Eventually(replicasOf).Should(Equal("min=2 max=2"))
 	var so kedav1alpha1.ScaledObject
 	g.Expect(c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "render"}, &so)).To(Succeed())
@@ -280,6 +282,7 @@ func TestBoundingWithoutTheLibrary(t *testing.T) {
 	// Recovery: the dependency serves again. Sample the state, the bound, the
 	// fleet and the dependency's peak concurrency until the ramp completes.
 	dep.down.Store(false)
+	up := time.Now()
 	overloadsBefore := dep.overloads.Load()
 	type sample struct {
 		state    protocol.State
@@ -305,7 +308,7 @@ func TestBoundingWithoutTheLibrary(t *testing.T) {
 			seen = append(seen, step)
 		}
 	}
-	t.Logf("Recovery: %v", seen)
+	t.Logf("Recovery: %v, Closed %v after the dependency came back", seen, time.Since(up).Round(100*time.Millisecond))
 	rampMax := map[int64]bool{}
 	for _, s := range samples {
 		if s.state != protocol.Ramping {
