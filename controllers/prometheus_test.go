@@ -12,6 +12,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -170,6 +171,7 @@ func TestSignalsNeverBlock(t *testing.T) {
 	}).WithTimeout(10 * time.Second).WithPolling(100 * time.Millisecond).Should(Equal(ReasonPrometheusUnreachable))
 	_, st, _ = s.Observe(pol, 30*time.Second)
 	g.Expect(st.Message).To(ContainSubstring("deadline exceeded"))
+	g.Expect(testutil.ToFloat64(signalQueryFailures.WithLabelValues(ReasonPrometheusUnreachable))).To(BeNumerically(">=", 1))
 
 	// Credentials: a Secret that is missing, then one with a token, through
 	// an authenticating proxy in front of a real prometheus.

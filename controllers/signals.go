@@ -8,12 +8,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/control"
@@ -61,6 +63,17 @@ const (
 	// EventSignalRecovered (Normal): a signal's queries answer again.
 	EventSignalRecovered = "SignalRecovered"
 )
+
+// signalQueryFailures counts the rounds of Prometheus queries that failed,
+// by SignalsHealthy reason (no data is not a failure).
+var signalQueryFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "spillway_signal_query_failures_total",
+	Help: "Rounds of a DependencyPolicy's Prometheus signal queries that failed, by reason (PrometheusUnreachable, QueryFailed, CredentialsUnavailable).",
+}, []string{"reason"})
+
+func init() {
+	metrics.Registry.MustRegister(signalQueryFailures)
+}
 
 // Signals runs each policy's Prometheus queries in the background, one at a
 // time per policy, at most once per spec.signals.prometheus.interval, each
@@ -179,6 +192,10 @@ func (s *Signals) run(key types.NamespacedName, st *signalState, namespace strin
 	defer cancel()
 	res := &signalResult{At: at, Rate: math.NaN()}
 	res.Ratio, res.Rate, res.Err = s.query(ctx, namespace, spec)
+	if res.Err != nil && !errors.Is(res.Err, ErrNoData) {
+		_, st := signalFrom(res, 0, at)
+		signalQueryFailures.WithLabelValues(st.Reason).Inc()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st.running = false
