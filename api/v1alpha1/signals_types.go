@@ -103,13 +103,14 @@ type LimitedBy string
 const (
 	// LimitedByLibrary: the workload's workers call the dependency through
 	// the Spillway library, which holds the fleet-wide slots, rate and retry
-	// budget at every call. maxReplicaCount is bounded by the consumer's
+	// budget at every call. Its maximum replicas (a ScaledObject's
+	// maxReplicaCount, an HPA's maxReplicas) are bounded by the consumer's
 	// share of the capacity.
 	LimitedByLibrary LimitedBy = "Library"
 	// LimitedByReplicas: the workload does not use the library, so its
 	// concurrency is its replica count × slotsPerReplica and the replica
-	// count is the only lever. maxReplicaCount is bounded by the consumer's
-	// share of the limit in force: the current ramp step while Ramping, the
+	// count is the only lever. Its maximum replicas are bounded by the
+	// consumer's share of the limit in force: the current ramp step while Ramping, the
 	// first ramp step while Open or HalfOpen (the fleet is held at the size
 	// the ramp restarts from), the capacity while Closed.
 	LimitedByReplicas LimitedBy = "Replicas"
