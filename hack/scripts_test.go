@@ -163,3 +163,74 @@ func TestSetupEnvtestShowsTheGoErrorWhenABuildFails(t *testing.T) {
 		t.Error("etcd is in the cache after a failed build")
 	}
 }
+
+// fakeApt is a PATH on which apt-get prints apt's noise and, when asked to
+// install redis-sentinel, installs a stand-in (or fails, when fail is set);
+// sudo, service and systemctl do nothing harmful.
+func fakeApt(t *testing.T, fail bool) []string {
+	t.Helper()
+	for _, pidfile := range []string{"/run/redis/redis-server.pid", "/run/sentinel/redis-sentinel.pid"} {
+		if _, err := os.Stat(pidfile); err == nil {
+			t.Skipf("%s exists: setup-redis.sh would stop that service", pidfile)
+		}
+	}
+	bin := t.TempDir()
+	for _, name := range []string{"redis-server", "redis-cli"} {
+		executable(t, filepath.Join(bin, name))
+	}
+	install := `cp "$0" "$(dirname "$0")/redis-sentinel"; echo "Setting up redis-sentinel"`
+	if fail {
+		install = `echo "E: Unable to locate package redis-sentinel"; exit 100`
+	}
+	scripts := map[string]string{
+		"apt-get": `case "$1" in
+update) for i in $(seq 40); do echo "Get:$i http://deb.debian.org/debian trixie InRelease"; done ;;
+install) echo "Reading package lists..."; ` + install + ` ;;
+esac`,
+		"sudo":      `[ "$1" = -v ] && exit 0; exec "$@"`,
+		"service":   `exit 0`,
+		"systemctl": `exit 0`,
+	}
+	for name, body := range scripts {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The PATH is this directory alone, so that a real redis-sentinel is not
+	// found: link the tools the scripts use into it.
+	for _, tool := range []string{"bash", "sh", "id", "mktemp", "rm", "cat", "cp", "seq", "dirname"} {
+		path, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skipf("%s is not installed", tool)
+		}
+		if err := os.Symlink(path, filepath.Join(bin, tool)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return []string{"PATH=" + bin, "SPILLWAY_VERBOSE="}
+}
+
+func TestSetupRedisInstallsQuietly(t *testing.T) {
+	code, out, errOut := script(t, fakeApt(t, false), "./setup-redis.sh")
+	want := regexp.MustCompile(`^updating Debian's package lists\.\.\. done in \d+s\ninstalling Debian's redis-sentinel package\(s\)\.\.\. done in \d+s\n$`)
+	if code != 0 || out != "" || !want.MatchString(errOut) {
+		t.Errorf("exit %d, stdout %q, stderr %q; want one line per apt step", code, out, errOut)
+	}
+}
+
+func TestSetupRedisShowsAptsErrorWhenItFails(t *testing.T) {
+	code, _, errOut := script(t, fakeApt(t, true), "./setup-redis.sh")
+	// Only the sentinel is missing: the tests fall back to redis-server --sentinel.
+	if code != 0 {
+		t.Errorf("exit %d, want 0 when only redis-sentinel is missing", code)
+	}
+	for _, want := range []string{
+		"installing Debian's redis-sentinel package(s)... failed after ",
+		"Reading package lists...\nE: Unable to locate package redis-sentinel\n",
+		"setup-redis: apt-get install redis-sentinel failed; redis-sentinel not installed, the tests run redis-server --sentinel instead\n",
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr does not contain %q:\n%s", want, errOut)
+		}
+	}
+}
