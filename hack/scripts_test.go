@@ -185,9 +185,10 @@ func fakeApt(t *testing.T, fail bool) []string {
 	scripts := map[string]string{
 		"apt-get": `case "$1" in
 update) for i in $(seq 40); do echo "Get:$i http://deb.debian.org/debian trixie InRelease"; done ;;
-install) echo "Reading package lists..."; ` + install + ` ;;
+install) [ "$DEBIAN_FRONTEND" = noninteractive ] || { echo "DEBIAN_FRONTEND=$DEBIAN_FRONTEND"; exit 1; }
+  echo "Reading package lists..."; ` + install + ` ;;
 esac`,
-		"sudo":      `[ "$1" = -v ] && exit 0; exec "$@"`,
+		"sudo":      `[ "$1" = -v ] && exit 0; unset DEBIAN_FRONTEND; exec "$@"`, // sudo resets the environment
 		"service":   `exit 0`,
 		"systemctl": `exit 0`,
 	}
@@ -198,7 +199,7 @@ esac`,
 	}
 	// The PATH is this directory alone, so that a real redis-sentinel is not
 	// found: link the tools the scripts use into it.
-	for _, tool := range []string{"bash", "sh", "id", "mktemp", "rm", "cat", "cp", "seq", "dirname"} {
+	for _, tool := range []string{"bash", "sh", "env", "id", "mktemp", "rm", "cat", "cp", "seq", "dirname"} {
 		path, err := exec.LookPath(tool)
 		if err != nil {
 			t.Skipf("%s is not installed", tool)

@@ -61,10 +61,11 @@ if [ "${#SUDO[@]}" -gt 0 ]; then
   # Ask for the password, if sudo wants one, before the quiet steps below.
   "${SUDO[@]}" -v || cannot "sudo failed: install the ${packages[*]} package(s) by hand"
 fi
-export DEBIAN_FRONTEND=noninteractive
-step "updating Debian's package lists" "${SUDO[@]}" apt-get update || cannot "apt-get update failed"
+# sudo drops the environment: pass DEBIAN_FRONTEND through env.
+apt=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get)
+step "updating Debian's package lists" "${apt[@]}" update || cannot "apt-get update failed"
 step "installing Debian's ${packages[*]} package(s)" \
-  "${SUDO[@]}" apt-get install -y --no-install-recommends "${packages[@]}" || cannot "apt-get install ${packages[*]} failed"
+  "${apt[@]}" install -y --no-install-recommends "${packages[@]}" || cannot "apt-get install ${packages[*]} failed"
 
 # The packages' post-install scripts may start the system services on ports
 # 6379 and 26379. The tests never use them, so stop them. Without a service
