@@ -183,7 +183,8 @@ func fakeApt(t *testing.T, fail bool) []string {
 		install = `echo "E: Unable to locate package redis-sentinel"; exit 100`
 	}
 	scripts := map[string]string{
-		"apt-get": `case "$1" in
+		"apt-get": `while [ "$1" = -o ]; do shift 2; done
+case "$1" in
 update) for i in $(seq 40); do echo "Get:$i http://deb.debian.org/debian trixie InRelease"; done ;;
 install) [ "$DEBIAN_FRONTEND" = noninteractive ] || { echo "DEBIAN_FRONTEND=$DEBIAN_FRONTEND"; exit 1; }
   echo "Reading package lists..."; ` + install + ` ;;

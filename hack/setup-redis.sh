@@ -61,8 +61,9 @@ if [ "${#SUDO[@]}" -gt 0 ]; then
   # Ask for the password, if sudo wants one, before the quiet steps below.
   "${SUDO[@]}" -v || cannot "sudo failed: install the ${packages[*]} package(s) by hand"
 fi
-# sudo drops the environment: pass DEBIAN_FRONTEND through env.
-apt=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get)
+# sudo drops the environment: pass DEBIAN_FRONTEND through env. Wait for
+# another apt (unattended-upgrades, setup-python.sh) to release its lock.
+apt=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120)
 step "updating Debian's package lists" "${apt[@]}" update || cannot "apt-get update failed"
 step "installing Debian's ${packages[*]} package(s)" \
   "${apt[@]}" install -y --no-install-recommends "${packages[@]}" || cannot "apt-get install ${packages[*]} failed"
