@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Makes sure a prometheus server binary is on PATH, installing Debian's
-# prometheus package (2.42 on bookworm) when it is not. The tests start their
-# own server on a free loopback port with a temporary config and TSDB (see
-# internal/promtest), so the system service the package installs is stopped
-# and left stopped. Safe to run any number of times; quiet unless it
-# installs, and then one progress line on stderr.
+# Makes sure a prometheus server binary is on PATH (or at $PROMETHEUS),
+# installing Debian's prometheus package (2.42 on bookworm) when it is not.
+# The tests start their own server on a free loopback port with a temporary
+# config and TSDB (see internal/promtest), so the system service the package
+# installs is stopped and left stopped. Safe to run any number of times.
+# Prints nothing when prometheus is there, else one line on stderr
+# ("installing Debian's prometheus package... done in 20s"); apt's own output
+# is shown only when it fails, or as it comes with SPILLWAY_VERBOSE=1 (see
+# hack/step.sh).
 set -euo pipefail
 
 log() { printf 'setup-prometheus: %s\n' "$*" >&2; }
+# shellcheck source=hack/step.sh
+source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
 
 if [ -n "${PROMETHEUS:-}" ] && [ -x "${PROMETHEUS}" ]; then
   exit 0
@@ -29,16 +34,20 @@ if ! command -v apt-get >/dev/null 2>&1; then
   log "apt-get not found: install a prometheus server (2.x) with your package manager, or set PROMETHEUS to its binary"
   exit 1
 fi
-
-log "installing Debian's prometheus package"
-export DEBIAN_FRONTEND=noninteractive
-quiet="$(mktemp)"
-trap 'rm -f "${quiet}"' EXIT
-if ! { "${SUDO[@]}" apt-get update && "${SUDO[@]}" apt-get install -y --no-install-recommends prometheus; } >"${quiet}" 2>&1; then
-  tail -n 20 "${quiet}" >&2
-  log "apt-get install prometheus failed"
-  exit 1
+if [ "${#SUDO[@]}" -gt 0 ]; then
+  # Ask for the password, if sudo wants one, before the quiet step below.
+  "${SUDO[@]}" -v || { log "sudo failed: install the prometheus package by hand"; exit 1; }
 fi
+
+# sudo drops the environment: pass DEBIAN_FRONTEND through env. Wait for
+# another apt (setup-redis.sh, setup-python.sh) to release its lock.
+apt=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120)
+install() {
+  "$@" update
+  "$@" install -y --no-install-recommends prometheus
+}
+export -f install
+step "installing Debian's prometheus package" install "${apt[@]}" || { log "apt-get install prometheus failed"; exit 1; }
 
 # The post-install script may start the system service on port 9090. The
 # tests never use it, so stop it, and keep it from coming back at boot.
