@@ -65,13 +65,17 @@ redis: ## Install redis-server and redis-sentinel from Debian's packages when th
 modules: ## Download the Go modules the build and tests need, when they are not in the module cache.
 	@GOPROXY=off go mod download >/dev/null 2>&1 || hack/step.sh "downloading Go modules" go mod download
 
+.PHONY: prometheus
+prometheus: ## Install Debian's prometheus server when it is missing (tests start their own on loopback).
+	@hack/setup-prometheus.sh
+
 .PHONY: python-test
 python-test: redis ## Run the Python client's tests on Debian's python3 (modules installed by hack/setup-python.sh).
 	@hack/setup-python.sh
 	/usr/bin/python3 -m pytest clients/python/tests -q
 
 .PHONY: test
-test: envtest redis modules python-test ## Run every test against a real kube-apiserver, etcd and redis-server.
+test: envtest redis modules prometheus python-test ## Run every test against a real kube-apiserver, etcd and redis-server.
 	SPILLWAY_REQUIRE_PYTHON=1 go test $(TEST_FLAGS) ./...
 
 .PHONY: bench

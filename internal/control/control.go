@@ -43,6 +43,10 @@ type Input struct {
 	// StaleAfter is the dead-man bound to publish (StaleAfter); 0 turns the
 	// rule off.
 	StaleAfter time.Duration
+	// External is the error ratio measured outside the fleet (a Prometheus
+	// query), combined with Window and Probes by withSignal; the zero Signal
+	// is none.
+	External Signal
 }
 
 // Transition is one change Plan made, for an Event and the metrics.
@@ -86,6 +90,10 @@ func (c fixedClock) Now() time.Time { return time.Time(c) }
 // outcomes count only for the HalfOpen epoch that admitted them, and on the
 // first publication (Previous.Epoch 0).
 //
+// An external signal (Input.External) opens the breaker as the workers'
+// outcomes do, and while half-open it can fail or pass the probes
+// (withSignal); an invalid one is ignored.
+//
 // Next carries Previous.Seq, the sequence number of the state the plan was
 // made from, which fences the publication (protocol.Published.Seq), and the
 // dead-man rule's fields: the policy's halfOpenProbes, and StaleAfter, which
@@ -105,17 +113,24 @@ func Plan(in Input) Output {
 		Failures: in.Probes.Failures + in.Probes.Timeouts,
 	}
 
+	before := b.Snapshot()
+	counted, countedProbes, v := withSignal(in.Params, before, in.Now, window, probes, in.External)
+
 	var transitions []Transition
-	if t, ok := b.Evaluate(window, probes); ok {
+	if t, ok := b.Evaluate(counted, countedProbes); ok {
 		if t.To == breaker.Open || t.To == breaker.Closed {
 			r.Restart()
 		}
 		state := publishedState(b.State(), r)
+		msg := breakerMessage(in.Params, t, window, probes, r)
+		if v != verdictNone && decidedBySignal(in.Params, before, clk, window, probes, t) {
+			msg = signalMessage(in.Params, t, in.External, r)
+		}
 		transitions = append(transitions, Transition{
 			Reason:  breakerReason(t.To),
 			From:    prev.State,
 			To:      state,
-			Message: breakerMessage(in.Params, t, window, probes, r),
+			Message: msg,
 		})
 	} else if b.State() == breaker.Closed && r.Advance() {
 		transitions = append(transitions, Transition{
