@@ -40,9 +40,11 @@ func executable(t *testing.T, path string) {
 	}
 }
 
-// cachedMachine is a cache holding both envtest binaries and a PATH with
-// redis-server, redis-cli and redis-sentinel: what a machine has after its
-// first run. The binaries are stand-ins; the scripts only look for them.
+// cachedMachine is a cache holding both envtest binaries, a PATH with
+// redis-server, redis-cli, redis-sentinel and prometheus, and a python3
+// (SPILLWAY_PYTHON) that imports every module the Python client's tests need:
+// what a machine has after its first run. The binaries are stand-ins; the
+// scripts only look for them.
 func cachedMachine(t *testing.T) (env []string, dest string) {
 	t.Helper()
 	cache := t.TempDir()
@@ -50,13 +52,37 @@ func cachedMachine(t *testing.T) (env []string, dest string) {
 	executable(t, filepath.Join(dest, "kube-apiserver"))
 	executable(t, filepath.Join(dest, "etcd"))
 	bin := t.TempDir()
-	for _, name := range []string{"redis-server", "redis-cli", "redis-sentinel"} {
+	for _, name := range []string{"redis-server", "redis-cli", "redis-sentinel", "prometheus"} {
 		executable(t, filepath.Join(bin, name))
 	}
+	python := fakePython(t, t.TempDir(), "redis", "celery", "pytest", "prometheus_client")
 	return []string{
-		"SPILLWAY_CACHE=" + cache, "K8S_VERSION=1.37.2", "SPILLWAY_VERBOSE=",
+		"SPILLWAY_CACHE=" + cache, "K8S_VERSION=1.37.2", "SPILLWAY_VERBOSE=", "PROMETHEUS=",
+		"SPILLWAY_PYTHON=" + python,
 		"PATH=" + bin + string(os.PathListSeparator) + os.Getenv("PATH"),
 	}, dest
+}
+
+// fakePython writes dir/python3, a stand-in for `python3 -c "import a,b"`
+// that succeeds when dir/modules holds a file for every module named, and
+// creates one for each of modules. The fake apt-get of fakeAptForPython
+// installs a module by creating its file.
+func fakePython(t *testing.T, dir string, modules ...string) string {
+	t.Helper()
+	for _, module := range modules {
+		executable(t, filepath.Join(dir, "modules", module, "installed"))
+	}
+	python := filepath.Join(dir, "python3")
+	body := `#!/bin/sh
+[ "$1" = -c ] || exit 2
+for module in $(echo "${2#import }" | tr , ' '); do
+  [ -e "$(dirname "$0")/modules/${module}/installed" ] || { echo "ModuleNotFoundError: No module named '${module}'" >&2; exit 1; }
+done
+`
+	if err := os.WriteFile(python, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return python
 }
 
 func TestSetupScriptsAreSilentOnACachedMachine(t *testing.T) {
@@ -65,9 +91,11 @@ func TestSetupScriptsAreSilentOnACachedMachine(t *testing.T) {
 	if code != 0 || out != dest+"\n" || errOut != "" {
 		t.Errorf("setup-envtest.sh: exit %d, stdout %q (want %q), stderr %q (want nothing)", code, out, dest+"\n", errOut)
 	}
-	code, out, errOut = script(t, env, "./setup-redis.sh")
-	if code != 0 || out != "" || errOut != "" {
-		t.Errorf("setup-redis.sh: exit %d, stdout %q, stderr %q; want nothing", code, out, errOut)
+	for _, name := range []string{"./setup-redis.sh", "./setup-prometheus.sh", "./setup-python.sh"} {
+		code, out, errOut = script(t, env, name)
+		if code != 0 || out != "" || errOut != "" {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want nothing", name, code, out, errOut)
+		}
 	}
 }
 
@@ -78,9 +106,9 @@ func TestMakeSetupTargetsAreSilentOnACachedMachine(t *testing.T) {
 		t.Skip("make is not installed")
 	}
 	env, _ := cachedMachine(t)
-	code, out, errOut := script(t, env, "make", "-C", "..", "--no-print-directory", "envtest", "redis", "modules")
+	code, out, errOut := script(t, env, "make", "-C", "..", "--no-print-directory", "envtest", "redis", "modules", "prometheus")
 	if code != 0 || out != "" || errOut != "" {
-		t.Errorf("make envtest redis modules: exit %d, stdout %q, stderr %q; want nothing", code, out, errOut)
+		t.Errorf("make envtest redis modules prometheus: exit %d, stdout %q, stderr %q; want nothing", code, out, errOut)
 	}
 }
 
@@ -189,18 +217,18 @@ update) for i in $(seq 40); do echo "Get:$i http://deb.debian.org/debian trixie 
 install) [ "$DEBIAN_FRONTEND" = noninteractive ] || { echo "DEBIAN_FRONTEND=$DEBIAN_FRONTEND"; exit 1; }
   echo "Reading package lists..."; ` + install + ` ;;
 esac`,
-		"sudo":      `[ "$1" = -v ] && exit 0; unset DEBIAN_FRONTEND; exec "$@"`, // sudo resets the environment
-		"service":   `exit 0`,
-		"systemctl": `exit 0`,
 	}
-	for name, body := range scripts {
-		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The PATH is this directory alone, so that a real redis-sentinel is not
-	// found: link the tools the scripts use into it.
-	for _, tool := range []string{"bash", "sh", "env", "id", "mktemp", "rm", "cat", "cp", "seq", "dirname"} {
+	writeScripts(t, bin, quietTools)
+	writeScripts(t, bin, scripts)
+	return onlyPath(t, bin)
+}
+
+// onlyPath writes bin's fake tools' environment: a PATH of bin alone, so that
+// a real redis-sentinel or prometheus is not found, with the tools the
+// scripts and fakes use linked into it.
+func onlyPath(t *testing.T, bin string) []string {
+	t.Helper()
+	for _, tool := range []string{"bash", "sh", "env", "id", "mktemp", "rm", "cat", "cp", "seq", "dirname", "tr", "mkdir", "touch"} {
 		path, err := exec.LookPath(tool)
 		if err != nil {
 			t.Skipf("%s is not installed", tool)
@@ -209,7 +237,25 @@ esac`,
 			t.Fatal(err)
 		}
 	}
-	return []string{"PATH=" + bin, "SPILLWAY_VERBOSE="}
+	return []string{"PATH=" + bin, "SPILLWAY_VERBOSE=", "PROMETHEUS=", "SPILLWAY_PYTHON="}
+}
+
+// writeScripts writes each body as the shell script bin/name.
+func writeScripts(t *testing.T, bin string, scripts map[string]string) {
+	t.Helper()
+	for name, body := range scripts {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// quietTools are sudo, service and systemctl that do nothing harmful; sudo
+// drops the environment as the real one does.
+var quietTools = map[string]string{
+	"sudo":      `[ "$1" = -v ] && exit 0; unset DEBIAN_FRONTEND; exec "$@"`,
+	"service":   `exit 0`,
+	"systemctl": `exit 0`,
 }
 
 func TestSetupRedisInstallsQuietly(t *testing.T) {
@@ -230,6 +276,111 @@ func TestSetupRedisShowsAptsErrorWhenItFails(t *testing.T) {
 		"installing Debian's redis-sentinel package(s)... failed after ",
 		"Reading package lists...\nE: Unable to locate package redis-sentinel\n",
 		"setup-redis: apt-get install redis-sentinel failed; redis-sentinel not installed, the tests run redis-server --sentinel instead\n",
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr does not contain %q:\n%s", want, errOut)
+		}
+	}
+}
+
+// fakeAptForPython is a PATH and a python3 (SPILLWAY_PYTHON) that has every
+// module the Python client's tests need but celery; apt-get prints apt's noise
+// and installs python3-celery only once its index has been refreshed (or
+// never, when fail is set), as on a machine whose index is stale.
+func fakeAptForPython(t *testing.T, fail bool) []string {
+	t.Helper()
+	bin := t.TempDir()
+	python := fakePython(t, bin, "redis", "pytest", "prometheus_client")
+	refresh := `touch "$(dirname "$0")/updated"`
+	if fail {
+		refresh = `:`
+	}
+	writeScripts(t, bin, quietTools)
+	writeScripts(t, bin, map[string]string{
+		"apt-get": `while [ "$1" = -o ]; do shift 2; done
+dir="$(dirname "$0")"
+case "$1" in
+update) for i in $(seq 40); do echo "Get:$i http://deb.debian.org/debian trixie InRelease"; done; ` + refresh + ` ;;
+install) [ "$DEBIAN_FRONTEND" = noninteractive ] || { echo "DEBIAN_FRONTEND=$DEBIAN_FRONTEND"; exit 1; }
+  echo "Reading package lists..."
+  shift
+  for package in "$@"; do
+    case "${package}" in -*) continue ;; esac
+    [ -e "${dir}/updated" ] || { echo "E: Unable to locate package ${package}"; exit 100; }
+    module="$(echo "${package#python3-}" | tr - _)"
+    mkdir -p "${dir}/modules/${module}" && touch "${dir}/modules/${module}/installed"
+    echo "Setting up ${package}"
+  done ;;
+esac`,
+	})
+	return append(onlyPath(t, bin), "SPILLWAY_PYTHON="+python)
+}
+
+func TestSetupPythonInstallsQuietly(t *testing.T) {
+	code, out, errOut := script(t, fakeAptForPython(t, false), "./setup-python.sh")
+	want := regexp.MustCompile(`^installing Debian's python3-celery package\(s\)\.\.\. done in \d+s\n$`)
+	if code != 0 || out != "" || !want.MatchString(errOut) {
+		t.Errorf("exit %d, stdout %q, stderr %q; want one line for the install", code, out, errOut)
+	}
+}
+
+func TestSetupPythonShowsAptsErrorWhenItFails(t *testing.T) {
+	code, _, errOut := script(t, fakeAptForPython(t, true), "./setup-python.sh")
+	if code == 0 {
+		t.Errorf("exit 0, want a failure when python3-celery cannot be installed")
+	}
+	for _, want := range []string{
+		"installing Debian's python3-celery package(s)... failed after ",
+		"Get:40 http://deb.debian.org/debian trixie InRelease\nReading package lists...\nE: Unable to locate package python3-celery\n",
+		"setup-python: apt-get install python3-celery failed\n",
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr does not contain %q:\n%s", want, errOut)
+		}
+	}
+}
+
+// fakeAptForPrometheus is a PATH on which apt-get prints apt's noise and
+// installs a stand-in prometheus (or fails, when fail is set).
+func fakeAptForPrometheus(t *testing.T, fail bool) []string {
+	t.Helper()
+	if _, err := os.Stat("/run/prometheus/prometheus.pid"); err == nil {
+		t.Skip("/run/prometheus/prometheus.pid exists: setup-prometheus.sh would stop that service")
+	}
+	bin := t.TempDir()
+	install := `cp "$0" "$(dirname "$0")/prometheus"; echo "Setting up prometheus"`
+	if fail {
+		install = `echo "E: Unable to locate package prometheus"; exit 100`
+	}
+	writeScripts(t, bin, quietTools)
+	writeScripts(t, bin, map[string]string{
+		"apt-get": `while [ "$1" = -o ]; do shift 2; done
+case "$1" in
+update) for i in $(seq 40); do echo "Get:$i http://deb.debian.org/debian trixie InRelease"; done ;;
+install) [ "$DEBIAN_FRONTEND" = noninteractive ] || { echo "DEBIAN_FRONTEND=$DEBIAN_FRONTEND"; exit 1; }
+  echo "Reading package lists..."; ` + install + ` ;;
+esac`,
+	})
+	return onlyPath(t, bin)
+}
+
+func TestSetupPrometheusInstallsQuietly(t *testing.T) {
+	code, out, errOut := script(t, fakeAptForPrometheus(t, false), "./setup-prometheus.sh")
+	want := regexp.MustCompile(`^installing Debian's prometheus package\.\.\. done in \d+s\n$`)
+	if code != 0 || out != "" || !want.MatchString(errOut) {
+		t.Errorf("exit %d, stdout %q, stderr %q; want one line for the install", code, out, errOut)
+	}
+}
+
+func TestSetupPrometheusShowsAptsErrorWhenItFails(t *testing.T) {
+	code, _, errOut := script(t, fakeAptForPrometheus(t, true), "./setup-prometheus.sh")
+	if code == 0 {
+		t.Errorf("exit 0, want a failure when prometheus cannot be installed")
+	}
+	for _, want := range []string{
+		"installing Debian's prometheus package... failed after ",
+		"Reading package lists...\nE: Unable to locate package prometheus\n",
+		"setup-prometheus: apt-get install prometheus failed\n",
 	} {
 		if !strings.Contains(errOut, want) {
 			t.Errorf("stderr does not contain %q:\n%s", want, errOut)
