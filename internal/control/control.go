@@ -44,6 +44,10 @@ type Input struct {
 	// StaleAfter is the dead-man bound to publish (StaleAfter); 0 turns the
 	// rule off.
 	StaleAfter time.Duration
+	// External is the error ratio measured outside the fleet (a Prometheus
+	// query), combined with Window and Probes by withSignal; the zero Signal
+	// is none.
+	External Signal
 }
 
 // Transition is one change Plan made, for an Event and the metrics.
@@ -67,8 +71,7 @@ type Output struct {
 	Transitions []Transition
 }
 
-// fixedClock is the instant a plan is made at: a clock.Clock that stands
-// still.
+// fixedClock is the instant a plan is made at.
 type fixedClock time.Time
 
 func (c fixedClock) Now() time.Time { return time.Time(c) }
@@ -87,6 +90,10 @@ func (c fixedClock) Now() time.Time { return time.Time(c) }
 // epoch increases by one whenever the published state changes, so that probe
 // outcomes count only for the HalfOpen epoch that admitted them, and on the
 // first publication (Previous.Epoch 0).
+//
+// An external signal (Input.External) opens the breaker as the workers'
+// outcomes do, and while half-open it can fail or pass the probes
+// (withSignal); an invalid one is ignored.
 //
 // Next carries Previous.Seq, the sequence number of the state the plan was
 // made from, which fences the publication (protocol.Published.Seq), and the
@@ -107,17 +114,24 @@ func Plan(in Input) Output {
 		Failures: in.Probes.Failures + in.Probes.Timeouts,
 	}
 
+	before := b.Snapshot()
+	counted, countedProbes, v := withSignal(in.Params, before, in.Now, window, probes, in.External)
+
 	var transitions []Transition
-	if t, ok := b.Evaluate(window, probes); ok {
+	if t, ok := b.Evaluate(counted, countedProbes); ok {
 		if t.To == wire.Open || t.To == wire.Closed {
 			r.Restart()
 		}
 		state := publishedState(b.State(), r)
+		msg := breakerMessage(in.Params, t, window, probes, r)
+		if v != verdictNone && decidedBySignal(in.Params, before, clk, window, probes, t) {
+			msg = signalMessage(in.Params, t, in.External, r)
+		}
 		transitions = append(transitions, Transition{
 			Reason:  breakerReason(t.To),
 			From:    prev.State,
 			To:      state,
-			Message: breakerMessage(in.Params, t, window, probes, r),
+			Message: msg,
 		})
 	} else if b.State() == wire.Closed && r.Advance() {
 		transitions = append(transitions, Transition{
@@ -224,7 +238,10 @@ func Restore(p policy.Params, state wire.State, rampStep int, lastTransition, no
 // state means the ramp is done, whatever step was stored: a capacity change
 // must not turn a closed breaker into a ramp.
 func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker.Breaker, *ramp.Ramp) {
-	state := prev.State.BreakerState()
+	state := wire.State(prev.State)
+	if prev.State == wire.Ramping {
+		state = wire.Closed
+	}
 	// A time after now was written by a clock ahead of Redis's (a manager
 	// before the evaluator planned by Redis time, or a Redis failover to a
 	// node behind): it counts as now, or the window would stay empty and the
@@ -252,7 +269,7 @@ func publishedState(s wire.State, r *ramp.Ramp) wire.State {
 	if s == wire.Closed && !r.Done() {
 		return wire.Ramping
 	}
-	return s
+	return wire.State(s)
 }
 
 func breakerReason(to wire.State) string {
