@@ -4,15 +4,20 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"strconv"
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 )
 
 // This file plans, without I/O, what Spillway writes to a ScaledObject: the
-// bound and the pin while a policy holds it (planBinding), and the user's
-// replicas when it lets go (planRelease).
+// bound of each consumer (Bounds, DesiredReplicas), the bound and the pin
+// while a policy holds it (planBinding, cleanupPatch), and the user's
+// replicas when it lets go (planRelease, letGoPatch). consumers.go does the
+// reads and writes these plans call for.
 //
 // It reads the server-side apply bookkeeping, metadata.managedFields, by the
 // rules of structured-merge-diff, the library behind server-side apply:
@@ -30,6 +35,35 @@ import (
 // So a field of the user's that FieldManager (spillway-controller) owns alone
 // still has the value Spillway applied, while one that another manager owns
 // too, or instead, has the value that manager wrote last: the user's.
+
+// FieldManager is the server-side apply field manager that owns a bounded
+// ScaledObject's spec.minReplicaCount and spec.maxReplicaCount and
+// Spillway's annotations, and nothing else. GitOps tools can be told to
+// ignore exactly its fields.
+const FieldManager = "spillway-controller"
+
+// MetadataFieldOwner is the field owner of the merge patch that lets go of a
+// ScaledObject: it removes the annotations and Spillway's managedFields
+// entries, and so owns nothing afterwards.
+const MetadataFieldOwner = "spillway-controller-metadata"
+
+// Spillway's annotations on a ScaledObject.
+const (
+	// AnnotationOwner, on a ScaledObject, names the DependencyPolicy (in the
+	// same namespace) that bounds it. A second policy naming the same
+	// ScaledObject reports a Conflict instead of fighting over it.
+	AnnotationOwner = "spillway.dev/owner"
+	// AnnotationOriginalReplicas, on a ScaledObject, records the user's own
+	// minReplicaCount and maxReplicaCount, as JSON with null for unset
+	// ({"min":2,"max":null}), before Spillway first changes them; they are put
+	// back when the policy lets go. A change the user makes meanwhile (the
+	// field manager loses the field) is recorded here too.
+	AnnotationOriginalReplicas = "spillway.dev/original-replicas"
+	// AnnotationPinnedMinReplicas, on a ScaledObject, is the replicas its
+	// workload had when the outage began: the minReplicaCount pinned while the
+	// breaker is Open or HalfOpen and the ramp climbs.
+	AnnotationPinnedMinReplicas = "spillway.dev/pinned-min-replicas"
+)
 
 // spillwayAnnotations are the annotations FieldManager applies.
 var spillwayAnnotations = []string{AnnotationOwner, AnnotationOriginalReplicas, AnnotationPinnedMinReplicas}
@@ -161,51 +195,6 @@ func userReplicas(recorded, live Replicas, own ownership, held *int32) (Replicas
 	return recorded, adopted
 }
 
-// ownership is what managedFields says about the fields Spillway writes.
-type ownership struct {
-	// Min and Max: FieldManager's apply owns spec.minReplicaCount,
-	// spec.maxReplicaCount.
-	Min, Max bool
-	// OtherMin and OtherMax: a manager other than Spillway's owns them.
-	OtherMin, OtherMax bool
-	// Annotations FieldManager's apply owns, of spillwayAnnotations.
-	Annotations map[string]bool
-	// Legacy: MetadataFieldOwner has an entry.
-	Legacy bool
-}
-
-// ownershipOf reads managedFields. Entries of subresources (status) and
-// entries that cannot be read are skipped.
-func ownershipOf(entries []metav1.ManagedFieldsEntry) ownership {
-	own := ownership{Annotations: map[string]bool{}}
-	for _, e := range entries {
-		if e.Subresource != "" || e.FieldsV1 == nil {
-			continue
-		}
-		set, err := parseFieldsV1(e.FieldsV1.Raw)
-		if err != nil {
-			continue
-		}
-		minOwned := set.has("f:spec", "f:minReplicaCount")
-		maxOwned := set.has("f:spec", "f:maxReplicaCount")
-		switch {
-		case e.Manager == FieldManager && e.Operation == metav1.ManagedFieldsOperationApply:
-			own.Min, own.Max = minOwned, maxOwned
-			for _, k := range spillwayAnnotations {
-				if set.has("f:metadata", "f:annotations", "f:"+k) {
-					own.Annotations[k] = true
-				}
-			}
-		case e.Manager == MetadataFieldOwner:
-			own.Legacy = true
-		case e.Manager != FieldManager:
-			own.OtherMin = own.OtherMin || minOwned
-			own.OtherMax = own.OtherMax || maxOwned
-		}
-	}
-	return own
-}
-
 // letGoPatch is the merge patch with which Spillway lets go of a ScaledObject
 // at resourceVersion rv whose managedFields are entries, once the user's
 // replicas are back: it removes the annotations and the entries of
@@ -304,29 +293,110 @@ func keysOf(m map[string]string) map[string]bool {
 	return keys
 }
 
-// fieldSet is a managedFields entry's fieldsV1, as nested maps keyed by
-// "f:<name>" (and "k:", "v:", "i:" for list items).
-type fieldSet map[string]fieldSet
+// KEDADefaultMaxReplicas is the maxReplicaCount KEDA uses when a ScaledObject
+// sets none.
+const KEDADefaultMaxReplicas int32 = 100
 
-// parseFieldsV1 reads a managedFields entry's fieldsV1.
-func parseFieldsV1(raw []byte) (fieldSet, error) {
-	var s fieldSet
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return nil, fmt.Errorf("failed to parse fieldsV1: %w", err)
-	}
-	return s, nil
+// Replicas is a ScaledObject's minReplicaCount and maxReplicaCount; nil means
+// unset. It is also the JSON of the AnnotationOriginalReplicas annotation,
+// {"min":2,"max":null}, where null keeps "unset" distinct from any number.
+type Replicas struct {
+	Min *int32 `json:"min"`
+	Max *int32 `json:"max"`
 }
 
-// has reports whether the set holds the field at path, e.g. "f:spec",
-// "f:maxReplicaCount".
-func (s fieldSet) has(path ...string) bool {
-	cur := s
-	for _, p := range path {
-		next, ok := cur[p]
-		if !ok {
-			return false
-		}
-		cur = next
+// String is "min=2 max=unset".
+func (r Replicas) String() string {
+	return fmt.Sprintf("min=%s max=%s", fmtReplicas(r.Min), fmtReplicas(r.Max))
+}
+
+// Equal reports whether r and o set the same fields to the same values.
+func (r Replicas) Equal(o Replicas) bool {
+	return equalInt32(r.Min, o.Min) && equalInt32(r.Max, o.Max)
+}
+
+// parseReplicas reads the AnnotationOriginalReplicas annotation.
+func parseReplicas(s string) (Replicas, error) {
+	var r Replicas
+	if err := json.Unmarshal([]byte(s), &r); err != nil {
+		return Replicas{}, fmt.Errorf("failed to parse %q: %w", s, err)
 	}
-	return true
+	return r, nil
+}
+
+// marshal is the AnnotationOriginalReplicas annotation's value.
+func (r Replicas) marshal() string {
+	b, _ := json.Marshal(r) // two pointers to int32 always marshal
+	return string(b)
+}
+
+// Bounds returns, for each consumer in order, the most replicas its workload
+// may run so that all consumers together never ask for more than the
+// dependency's capacity: floor(capacity × weight / Σweights / slotsPerReplica),
+// and at least 1, so a consumer is never scaled to nothing by a bound. A weight
+// or slotsPerReplica of 0 (a spec built in Go, not defaulted by the API server)
+// counts as 1.
+func Bounds(capacity int64, consumers []spillwayv1alpha1.Consumer) []int32 {
+	var total int64
+	for _, c := range consumers {
+		total += max(int64(c.Weight), 1)
+	}
+	bounds := make([]int32, len(consumers))
+	for i, c := range consumers {
+		weight := max(int64(c.Weight), 1)
+		slots := max(int64(c.SlotsPerReplica), 1)
+		// capacity ≤ 2^31 and weight × len ≤ 2^31 × 32: the product fits an int64.
+		b := capacity * weight / (total * slots)
+		bounds[i] = int32(min(max(b, 1), math.MaxInt32))
+	}
+	return bounds
+}
+
+// DesiredReplicas is what Spillway sets on a ScaledObject whose user declared
+// user, for a bound from Bounds and, during an outage, the replicas to pin
+// (nil when not pinning):
+//
+//   - max is min(user's max, bound), where an unset max is KEDA's default of
+//     100; it stays unset when the user's is unset and the bound is not lower
+//     than 100. Spillway only ever lowers a maximum.
+//   - min is the pinned replicas, raised to the user's min and capped at the
+//     max, while pinning; otherwise the user's min, capped at the max so that
+//     min ≤ max holds as KEDA requires, and unset when the user's is unset.
+func DesiredReplicas(user Replicas, bound int32, pin *int32) Replicas {
+	var out Replicas
+	userMax := KEDADefaultMaxReplicas
+	if user.Max != nil {
+		userMax = *user.Max
+	}
+	effectiveMax := min(userMax, bound)
+	if user.Max != nil || bound < KEDADefaultMaxReplicas {
+		out.Max = &effectiveMax
+	}
+	userMin := int32(0)
+	if user.Min != nil {
+		userMin = *user.Min
+	}
+	switch {
+	case pin != nil:
+		v := min(max(*pin, userMin), effectiveMax)
+		out.Min = &v
+	case user.Min != nil:
+		v := min(userMin, effectiveMax)
+		out.Min = &v
+	}
+	return out
+}
+
+func equalInt32(a, b *int32) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+func fmtReplicas(v *int32) string {
+	if v == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*v)
 }

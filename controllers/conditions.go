@@ -122,6 +122,18 @@ type evalError struct {
 func (e *evalError) Error() string { return e.err.Error() }
 func (e *evalError) Unwrap() error { return e.err }
 
+// evalReason is the Ready reason of an evaluation error, "" for nil.
+func evalReason(err error) string {
+	if err == nil {
+		return ""
+	}
+	var ee *evalError
+	if errors.As(err, &ee) {
+		return ee.reason
+	}
+	return ReasonRedisUnavailable
+}
+
 // readyCondition is True with ReasonEvaluated when err is nil, and False
 // with the evalError's reason otherwise (ReasonRedisUnavailable for any other
 // error, since Redis is the only other thing an evaluation talks to).

@@ -5,16 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
-	"time"
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -26,14 +22,23 @@ import (
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
-// scaleCheckMaxDelay caps how long a ScaledObject whose scale target could
-// not be read waits before the controller reads it again.
-const scaleCheckMaxDelay = 5 * time.Minute
+// This file is the policy reconciler's I/O on its consumers: it reads
+// ScaledObjects and their scale targets and applies what binding.go plans.
+
+// Event reasons for ScaledObjects, besides the transitions in plan.go
+// (internal/control).
+const (
+	// EventBounded: Spillway changed a ScaledObject's min or max replicas.
+	EventBounded = "Bounded"
+	// EventRestored: Spillway put back a ScaledObject's replicas and let go
+	// of it.
+	EventRestored = "Restored"
+)
 
 // reconcileConsumers bounds each consumer of pol for state, and lets go of
 // the ScaledObjects pol bounded but no longer names. It returns one result
 // per consumer, in spec order, then one per ScaledObject it failed to let go.
-func (r *DependencyPolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, state protocol.State) []consumerResult {
+func (r *PolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, state protocol.State) []consumerResult {
 	bounds := Bounds(params.Capacity, pol.Spec.Consumers)
 	pinning := control.PinsMinReplicas(params, state)
 	results := make([]consumerResult, 0, len(pol.Spec.Consumers))
@@ -55,7 +60,7 @@ func (r *DependencyPolicyReconciler) reconcileConsumers(ctx context.Context, pol
 // server-side apply under FieldManager. It plans from the cache; when the
 // ScaledObject changed since (the cache lags, or the user just wrote), the
 // apply is refused and bindConsumer plans once more from the API server.
-func (r *DependencyPolicyReconciler) bindConsumer(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, name string, bound int32, pinning bool) consumerResult {
+func (r *PolicyReconciler) bindConsumer(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, name string, bound int32, pinning bool) consumerResult {
 	res, conflict := r.bindFrom(ctx, r.Client, pol, name, bound, pinning)
 	if conflict {
 		ctrl.LoggerFrom(ctx).V(1).Info("A ScaledObject changed since the cache read it: reading it again", "scaledObject", klog.KRef(pol.Namespace, name))
@@ -67,7 +72,7 @@ func (r *DependencyPolicyReconciler) bindConsumer(ctx context.Context, pol *spil
 // bindFrom is bindConsumer with the ScaledObject read from reader. It
 // reports whether the apply was refused because the ScaledObject changed
 // since it was read.
-func (r *DependencyPolicyReconciler) bindFrom(ctx context.Context, reader client.Reader, pol *spillwayv1alpha1.DependencyPolicy, name string, bound int32, pinning bool) (consumerResult, bool) {
+func (r *PolicyReconciler) bindFrom(ctx context.Context, reader client.Reader, pol *spillwayv1alpha1.DependencyPolicy, name string, bound int32, pinning bool) (consumerResult, bool) {
 	log := ctrl.LoggerFrom(ctx)
 	so := &kedav1alpha1.ScaledObject{}
 	if err := reader.Get(ctx, types.NamespacedName{Namespace: pol.Namespace, Name: name}, so); err != nil {
@@ -135,7 +140,7 @@ func (r *DependencyPolicyReconciler) bindFrom(ctx context.Context, reader client
 // user's change made meanwhile is therefore never overwritten unrecorded: it
 // is read, and recorded, on the next try. What the apply cannot remove (see
 // cleanupPatch) goes first, from the same resourceVersion.
-func (r *DependencyPolicyReconciler) applyBinding(ctx context.Context, so *kedav1alpha1.ScaledObject, b binding) error {
+func (r *PolicyReconciler) applyBinding(ctx context.Context, so *kedav1alpha1.ScaledObject, b binding) error {
 	data, err := cleanupPatch(b, so.ResourceVersion, so.ManagedFields)
 	if err != nil {
 		return err
@@ -152,7 +157,7 @@ func (r *DependencyPolicyReconciler) applyBinding(ctx context.Context, so *kedav
 // apply server-side applies min and max (the fields desired sets, and no
 // others) and annotations to so under FieldManager, with so's resourceVersion
 // as a precondition, and returns the ScaledObject the API server answered.
-func (r *DependencyPolicyReconciler) apply(ctx context.Context, so *kedav1alpha1.ScaledObject, desired Replicas, annotations map[string]string) (*unstructured.Unstructured, error) {
+func (r *PolicyReconciler) apply(ctx context.Context, so *kedav1alpha1.ScaledObject, desired Replicas, annotations map[string]string) (*unstructured.Unstructured, error) {
 	ann := make(map[string]any, len(annotations))
 	for k, v := range annotations {
 		ann[k] = v
@@ -188,7 +193,7 @@ func (r *DependencyPolicyReconciler) apply(ctx context.Context, so *kedav1alpha1
 // names are let go of too, so that one pol claimed moments ago, which the
 // cache may not show yet, is not left bounded once the finalizer is gone.
 // Each is read from the API server (APIReader) before it is let go.
-func (r *DependencyPolicyReconciler) releaseAll(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, keep map[string]bool) error {
+func (r *PolicyReconciler) releaseAll(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, keep map[string]bool) error {
 	var owned kedav1alpha1.ScaledObjectList
 	if err := r.Client.List(ctx, &owned, client.InNamespace(pol.Namespace), client.MatchingFields{IndexOwner: pol.Name}); err != nil {
 		return fmt.Errorf("failed to list the ScaledObjects of %s: %w", klog.KObj(pol), err)
@@ -236,7 +241,7 @@ func (r *DependencyPolicyReconciler) releaseAll(ctx context.Context, pol *spillw
 // Spillway then owns nothing: a field only it owned is owned by nobody and
 // the user's next apply, forced or not, takes it; a field the user's manager
 // owned too stays theirs.
-func (r *DependencyPolicyReconciler) release(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, so *kedav1alpha1.ScaledObject) error {
+func (r *PolicyReconciler) release(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, so *kedav1alpha1.ScaledObject) error {
 	user := planRelease(so)
 	rv, entries := so.ResourceVersion, so.ManagedFields
 	if user != nil {
@@ -277,7 +282,7 @@ func (r *DependencyPolicyReconciler) release(ctx context.Context, pol *spillwayv
 
 // claimedBy reports whether the policy owner, in namespace, exists and names
 // the ScaledObject as a consumer.
-func (r *DependencyPolicyReconciler) claimedBy(ctx context.Context, namespace, owner, scaledObject string) (bool, error) {
+func (r *PolicyReconciler) claimedBy(ctx context.Context, namespace, owner, scaledObject string) (bool, error) {
 	other := &spillwayv1alpha1.DependencyPolicy{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: owner}, other); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -287,114 +292,6 @@ func (r *DependencyPolicyReconciler) claimedBy(ctx context.Context, namespace, o
 	}
 	for _, c := range other.Spec.Consumers {
 		if c.ScaledObjectName == scaledObject {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
-// scaleCheck remembers reading one ScaledObject's scale target.
-type scaleCheck struct {
-	generation int64
-	failed     *consumerResult
-	failures   int
-	next       time.Time
-}
-
-// scaleChecked reports whether so's scale target need not be read now: it
-// was read successfully at this generation, or it failed and its backoff has
-// not expired (then the cached failure is reported by readScale).
-func (r *DependencyPolicyReconciler) scaleChecked(so *kedav1alpha1.ScaledObject) bool {
-	v, ok := r.scaleChecks.Load(so.UID)
-	if !ok {
-		return false
-	}
-	c := v.(scaleCheck)
-	return c.generation == so.Generation && c.failed == nil
-}
-
-// readScale reads the replicas of so's scale target from its scale
-// subresource (spec.replicas: what the autoscaler last asked for). A target
-// that failed is read again only after a backoff, doubling from 1s up to
-// scaleCheckMaxDelay; meanwhile the last failure is returned.
-func (r *DependencyPolicyReconciler) readScale(ctx context.Context, so *kedav1alpha1.ScaledObject) (int32, *consumerResult) {
-	now := r.Clock.Now()
-	prev := scaleCheck{}
-	if v, ok := r.scaleChecks.Load(so.UID); ok {
-		prev = v.(scaleCheck)
-		if prev.failed != nil && prev.generation == so.Generation && now.Before(prev.next) {
-			return 0, prev.failed
-		}
-	}
-	replicas, failed := r.getScale(ctx, so)
-	check := scaleCheck{generation: so.Generation, failed: failed}
-	if failed != nil {
-		check.failures = prev.failures + 1
-		delay := min(time.Duration(1<<min(check.failures-1, 20))*time.Second, scaleCheckMaxDelay)
-		check.next = now.Add(jitter(delay))
-	}
-	r.scaleChecks.Store(so.UID, check)
-	return replicas, failed
-}
-
-// getScale reads the scale subresource of so's scaleTargetRef (KEDA's
-// default is an apps/v1 Deployment) and says what went wrong when it cannot.
-func (r *DependencyPolicyReconciler) getScale(ctx context.Context, so *kedav1alpha1.ScaledObject) (int32, *consumerResult) {
-	ref := so.Spec.ScaleTargetRef
-	if ref == nil || ref.Name == "" {
-		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: "the ScaledObject has no scaleTargetRef"}
-	}
-	apiVersion, kind := ref.APIVersion, ref.Kind
-	if apiVersion == "" {
-		apiVersion = "apps/v1"
-	}
-	if kind == "" {
-		kind = "Deployment"
-	}
-	gv, err := schema.ParseGroupVersion(apiVersion)
-	if err != nil {
-		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("invalid scaleTargetRef.apiVersion %q: %v", apiVersion, err)}
-	}
-	gvk := gv.WithKind(kind)
-	target := &unstructured.Unstructured{}
-	target.SetGroupVersionKind(gvk)
-	target.SetNamespace(so.Namespace)
-	target.SetName(ref.Name)
-	scale := &unstructured.Unstructured{}
-	scale.SetGroupVersionKind(schema.GroupVersionKind{Group: "autoscaling", Version: "v1", Kind: "Scale"})
-	err = r.Client.SubResource("scale").Get(ctx, target, scale)
-	what := fmt.Sprintf("%s %s (%s)", kind, ref.Name, apiVersion)
-	switch {
-	case err == nil:
-		replicas, _, _ := unstructured.NestedInt64(scale.Object, "spec", "replicas")
-		return int32(min(max(replicas, 0), math.MaxInt32)), nil
-	case meta.IsNoMatchError(err):
-		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("scale target %s: the kind is not served by the API server", what)}
-	case apierrors.IsNotFound(err), apierrors.IsForbidden(err), apierrors.IsMethodNotSupported(err):
-		if has, derr := r.hasScaleSubresource(gvk); derr == nil && !has {
-			return 0, &consumerResult{Reason: ReasonNoScaleSubresource, Message: fmt.Sprintf("scale target %s has no scale subresource", what)}
-		}
-		if apierrors.IsForbidden(err) {
-			return 0, &consumerResult{Reason: ReasonScaleTargetForbidden, Message: fmt.Sprintf("scale target %s: the controller may not read its scale subresource: %v", what, err)}
-		}
-		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("scale target %s not found", what)}
-	}
-	return 0, &consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to read the scale of %s: %v", what, err)}
-}
-
-// hasScaleSubresource asks discovery whether gvk's resource has a scale
-// subresource.
-func (r *DependencyPolicyReconciler) hasScaleSubresource(gvk schema.GroupVersionKind) (bool, error) {
-	mapping, err := r.Client.RESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
-	if err != nil {
-		return false, err
-	}
-	list, err := r.Discovery.ServerResourcesForGroupVersion(gvk.GroupVersion().String())
-	if err != nil {
-		return false, err
-	}
-	for _, res := range list.APIResources {
-		if res.Name == mapping.Resource.Resource+"/scale" {
 			return true, nil
 		}
 	}

@@ -135,8 +135,10 @@ func startManagerWithClient(t testing.TB, ns string, rdb redis.UniversalClient, 
 		t.Fatalf("failed to create the manager: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &DependencyPolicyReconciler{Redis: rdb, Options: testOptions, Client: wrap(mgr.GetClient())}
-	if err := r.SetupWithManager(ctx, mgr); err != nil {
+	c := wrap(mgr.GetClient())
+	e := &Evaluator{Redis: rdb, Options: testOptions, Client: c}
+	p := &PolicyReconciler{Redis: rdb, Options: testOptions, Client: c}
+	if err := setupControllers(ctx, mgr, e, p); err != nil {
 		cancel()
 		t.Fatalf("failed to set up the controller: %v", err)
 	}
@@ -276,7 +278,7 @@ func TestBindFromAStaleReadOverwritesNoEdit(t *testing.T) {
 
 	pol := &spillwayv1alpha1.DependencyPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "template-api"}}
 	stale := &staleClient{Client: env.Client, gets: map[string]*kedav1alpha1.ScaledObject{}}
-	r := &DependencyPolicyReconciler{Client: stale, APIReader: env.Client, Recorder: events.NewFakeRecorder(100), Clock: clock.RealClock{}}
+	r := &PolicyReconciler{Client: stale, APIReader: env.Client, Recorder: events.NewFakeRecorder(100), Clock: clock.RealClock{}}
 
 	res := r.bindConsumer(ctx, pol, "render", 20, false)
 	g.Expect(res.Reason).To(BeEmpty(), res.Message)
@@ -331,7 +333,7 @@ func TestLegacyMetadataOwnerIsDropped(t *testing.T) {
 
 	// The outage is over.
 	pol := &spillwayv1alpha1.DependencyPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "template-api"}}
-	r := &DependencyPolicyReconciler{Client: env.Client, APIReader: env.Client, Recorder: events.NewFakeRecorder(100), Clock: clock.RealClock{}}
+	r := &PolicyReconciler{Client: env.Client, APIReader: env.Client, Recorder: events.NewFakeRecorder(100), Clock: clock.RealClock{}}
 	res := r.bindConsumer(ctx, pol, "render", 40, false)
 	g.Expect(res.Reason).To(BeEmpty(), res.Message)
 	so = getScaledObject(g, ns, "render")

@@ -129,18 +129,18 @@ func TestDeleteOnStaleCacheIsDone(t *testing.T) {
 	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(pol), pol)).To(Succeed())
 	stale := pol.DeepCopy()
 
-	_, err := r.reconcileDelete(ctx, pol)
+	_, err := r.reconcileDelete(ctx, pol, &observed{Deleting: true})
 	g.Expect(err).NotTo(HaveOccurred())
 	err = env.Client.Get(ctx, client.ObjectKeyFromObject(pol), &spillwayv1alpha1.DependencyPolicy{})
 	g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the first reconcile removed the finalizer")
 
-	_, err = r.reconcileDelete(ctx, stale)
+	_, err = r.reconcileDelete(ctx, stale, &observed{Deleting: true})
 	g.Expect(err).NotTo(HaveOccurred(), "an object already gone is done")
 }
 
 // newCachedReconciler is a reconciler outside any manager, reading ns through
 // a cache of its own with the owner index, and Redis through rdb.
-func newCachedReconciler(t *testing.T, ns string, rdb *redis.Client) *DependencyPolicyReconciler {
+func newCachedReconciler(t *testing.T, ns string, rdb *redis.Client) *PolicyReconciler {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -159,11 +159,12 @@ func newCachedReconciler(t *testing.T, ns string, rdb *redis.Client) *Dependency
 	if err != nil {
 		t.Fatalf("failed to create a client: %v", err)
 	}
-	r := &DependencyPolicyReconciler{
-		Client:   cl,
-		Redis:    rdb,
-		Recorder: events.NewFakeRecorder(1000),
-		Options:  testOptions,
+	r := &PolicyReconciler{
+		Client:      cl,
+		Redis:       rdb,
+		Recorder:    events.NewFakeRecorder(1000),
+		Evaluations: NewEvaluations(),
+		Options:     testOptions,
 	}
 	r.setDefaults()
 	return r

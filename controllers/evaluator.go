@@ -6,51 +6,99 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
-// evaluation is the outcome of a policy's last evaluation. The evaluator
-// keeps it in memory for the policy reconciler, which writes it to status. It
-// is a cache, not state: after a restart the evaluator fills it again from
-// Redis within one interval.
-type evaluation struct {
-	// Published is what the evaluation published; after a failed one, what
-	// the last successful one published.
-	Published protocol.Published
-	// Window is what workers reported over the breaker window.
-	Window protocol.Window
-	// At is when the evaluation ran, by the controller's clock. Only status
-	// uses it; the evaluation decides by Redis time.
-	At time.Time
-	// Generation is the policy's generation the evaluation ran for.
-	Generation int64
-	// Err is why the evaluation failed, nil when it published.
-	Err error
+// Evaluator is the controller that evaluates each DependencyPolicy every
+// evaluation interval: it reads the policy's state and window from Redis,
+// plans and publishes (evaluate), and remembers the outcome in Evaluations
+// for the PolicyReconciler. Build it with its exported fields and call
+// SetupWithManager, which fills what is left unset.
+type Evaluator struct {
+	// Client reads policies, from the manager's cache.
+	Client client.Client
+	// Redis is where limits are published and outcomes read.
+	Redis redis.UniversalClient
+	// Recorder emits Events. Default: the manager's, as ControllerName.
+	Recorder events.EventRecorder
+	// Clock records when an evaluation ran, for status; the evaluation
+	// decides by Redis time. Default: the wall clock.
+	Clock clock.PassiveClock
+	// Evaluations is where the evaluator remembers each evaluation; the
+	// PolicyReconciler must be given the same. Required.
+	Evaluations *Evaluations
+	// Options tune the evaluator.
+	Options Options
+
+	// backoff spaces the retries of failed evaluations, per policy.
+	backoff workqueue.TypedRateLimiter[types.NamespacedName]
 }
 
-// Evaluate is the evaluator's reconcile: every interval it reads the
-// policy's state and window from Redis, plans and publishes, and reports the
+// SetupWithManager fills the evaluator's defaults and starts it.
+func (r *Evaluator) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if r.Redis == nil {
+		return errors.New("the evaluator needs a Redis client")
+	}
+	if r.Evaluations == nil {
+		return errors.New("the evaluator needs an Evaluations store")
+	}
+	if r.Client == nil {
+		r.Client = mgr.GetClient()
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder(ControllerName)
+	}
+	r.setDefaults()
+	err := ctrl.NewControllerManagedBy(mgr).
+		For(&spillwayv1alpha1.DependencyPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles}).
+		Named("dependencypolicy-evaluator").
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("failed to set up the evaluator: %w", err)
+	}
+	return nil
+}
+
+// setDefaults fills the options, the clock and the backoff; the Client and
+// the Recorder come from SetupWithManager.
+func (r *Evaluator) setDefaults() {
+	r.Options = r.Options.withDefaults()
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	r.backoff = workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](r.Options.EvaluationInterval, r.Options.MaxRetryDelay)
+}
+
+// Reconcile runs every interval for each policy: it evaluates it (or, when
+// its spec cannot be used, publishes the safe state), and reports the
 // transitions as Events and metrics. It writes nothing to the API server but
 // Events, which are sent in the background, so a slow or throttled API
 // server never delays a limit. When the outcome changes it triggers the
 // policy reconciler, which writes status and bounds the consumers.
-func (r *DependencyPolicyReconciler) Evaluate(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Evaluator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	key := req.NamespacedName
 	pol := &spillwayv1alpha1.DependencyPolicy{}
 	if err := r.Client.Get(ctx, key, pol); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.evaluations.Delete(key)
-			r.evalBackoff.Forget(key)
+			r.Evaluations.forget(key)
+			r.backoff.Forget(key)
 			forgetPolicy(key)
 			return ctrl.Result{}, nil
 		}
@@ -68,9 +116,9 @@ func (r *DependencyPolicyReconciler) Evaluate(ctx context.Context, req ctrl.Requ
 
 	ev := r.evaluate(ctx, pol, params, r.Clock.Now())
 	ev.Generation = pol.Generation
-	changed := r.remember(key, ev)
+	changed := r.Evaluations.remember(key, ev)
 	if changed {
-		r.trigger(pol)
+		r.Evaluations.trigger(pol)
 	}
 	if ev.Err != nil {
 		reason := evalReason(ev.Err)
@@ -83,12 +131,12 @@ func (r *DependencyPolicyReconciler) Evaluate(ctx context.Context, req ctrl.Requ
 		} else {
 			log.V(1).Info("Evaluation still failing", "reason", reason, "error", ev.Err.Error())
 		}
-		return ctrl.Result{RequeueAfter: jitter(r.evalBackoff.When(key)), Priority: ptr.To(evaluationPriority)}, nil
+		return ctrl.Result{RequeueAfter: jitter(r.backoff.When(key)), Priority: ptr.To(evaluationPriority)}, nil
 	}
 	if changed {
 		ctrl.LoggerFrom(ctx).V(1).Info("Evaluated", "state", ev.Published.State, "limit", ev.Published.Limit, "epoch", ev.Published.Epoch)
 	}
-	r.evalBackoff.Forget(key)
+	r.backoff.Forget(key)
 	return ctrl.Result{RequeueAfter: r.Options.EvaluationInterval, Priority: ptr.To(evaluationPriority)}, nil
 }
 
@@ -96,35 +144,6 @@ func (r *DependencyPolicyReconciler) Evaluate(ctx context.Context, req ctrl.Requ
 // policies that existed when the manager started would keep the low priority
 // of the initial list, and be evaluated after newer ones under load.
 const evaluationPriority = 0
-
-// DeadManIntervals is N of the dead-man rule: a state published more than N
-// evaluation intervals ago (and at least MinStaleAfter) is stale, and workers
-// treat a stale Open as HalfOpen (docs/protocol.md §3, the dead-man rule).
-const DeadManIntervals = 30
-
-// MinStaleAfter is the dead-man rule's floor. A manager that crashes hands
-// over to another replica within the leader-election lease (15 s by default)
-// plus its start: the rule must not fire during an ordinary handover.
-const MinStaleAfter = 30 * time.Second
-
-// StaleAfter is the dead-man bound for an evaluation interval:
-// DeadManIntervals intervals, at least MinStaleAfter.
-func StaleAfter(interval time.Duration) time.Duration {
-	return max(DeadManIntervals*interval, MinStaleAfter)
-}
-
-// staleAfter is the dead-man bound the evaluator publishes: Options.StaleAfter,
-// or StaleAfter(EvaluationInterval) when unset, or 0 (the rule off) when
-// negative.
-func (o Options) staleAfter() time.Duration {
-	switch {
-	case o.StaleAfter < 0:
-		return 0
-	case o.StaleAfter > 0:
-		return o.StaleAfter
-	}
-	return StaleAfter(o.EvaluationInterval)
-}
 
 // evaluate reads the policy's state and window from Redis, plans, publishes
 // the plan and reports its transitions. On an error nothing is published.
@@ -139,7 +158,7 @@ func (o Options) staleAfter() time.Duration {
 // Redis refuses it if another manager published meanwhile
 // (protocol.ErrStaleSequence); the evaluation then fails with
 // ReasonStaleEpoch and the next one, an interval or more later, re-reads.
-func (r *DependencyPolicyReconciler) evaluate(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, at time.Time) evaluation {
+func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, at time.Time) evaluation {
 	log := ctrl.LoggerFrom(ctx)
 	failed := func(reason string, err error) evaluation {
 		return evaluation{At: at, Err: &evalError{reason: reason, err: err}}
@@ -203,57 +222,51 @@ func (r *DependencyPolicyReconciler) evaluate(ctx context.Context, pol *spillway
 	return evaluation{Published: out.Next, Window: window, At: at}
 }
 
-// remember stores ev as the policy's last evaluation and reports whether it
-// changes what status shows: the first evaluation, a new generation, a new
-// state, limit, step or epoch, or a failure starting, ending or changing its
-// reason. A failed evaluation that published nothing keeps the last
-// published state.
-func (r *DependencyPolicyReconciler) remember(key types.NamespacedName, ev evaluation) bool {
-	v, ok := r.evaluations.Load(key)
-	if !ok {
-		r.evaluations.Store(key, ev)
-		return true
+// evaluateInvalid is the evaluator's run for a policy whose spec cannot be
+// turned into parameters: it publishes safeState every interval (so the
+// state stays fresh in Redis), records an InvalidSpec evaluation carrying
+// what it published for the policy reconciler, which marks the policy
+// Stalled, and reports the change as an Event. With no state in Redis there
+// is no capacity to publish: nothing is written and workers defer their
+// calls until the spec is fixed.
+func (r *Evaluator) evaluateInvalid(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, specErr error) (ctrl.Result, error) {
+	key := client.ObjectKeyFromObject(pol)
+	now := r.Clock.Now()
+	ev := evaluation{At: now, Generation: pol.Generation, Err: &evalError{reason: ReasonInvalidSpec, err: fmt.Errorf("invalid spec: %w", specErr)}}
+	err := func() error {
+		pc, err := protocol.NewClient(r.Redis, protocol.Dependency{Namespace: pol.Namespace, Name: pol.Name})
+		if err != nil {
+			return err
+		}
+		rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
+		defer cancel()
+		// Stamped with Redis's time, as every evaluation is: the manager's
+		// clock may be off.
+		prev, found, redisNow, err := pc.ReadPublishedAt(rctx)
+		if err != nil || !found {
+			return err
+		}
+		next, changed := safeState(prev, redisNow)
+		if _, err := pc.Publish(rctx, next); err != nil {
+			return err
+		}
+		if changed {
+			ctrl.LoggerFrom(ctx).Info("Published the safe state of a policy whose spec cannot be used", "from", prev.State, "limit", next.Limit, "epoch", next.Epoch)
+			r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, EventSafeState, "Evaluate",
+				"The spec cannot be used: published Closed at the capacity last published (%d) instead of %s until the spec is fixed", next.Limit, prev.State)
+			recordState(key, next)
+		}
+		ev.Published = next
+		return nil
+	}()
+	if r.Evaluations.remember(key, ev) {
+		r.Evaluations.trigger(pol)
 	}
-	prev := v.(evaluation)
-	published := ev.Published.State != ""
-	if !published {
-		ev.Published, ev.Window = prev.Published, prev.Window
+	if err != nil {
+		reconcileErrors.WithLabelValues(ReasonRedisUnavailable).Inc()
+		ctrl.LoggerFrom(ctx).V(1).Info("Failed to publish the safe state of an invalid policy", "error", err.Error())
+		return ctrl.Result{RequeueAfter: jitter(r.backoff.When(key)), Priority: ptr.To(evaluationPriority)}, nil
 	}
-	r.evaluations.Store(key, ev)
-	if evalReason(prev.Err) != evalReason(ev.Err) || prev.Generation != ev.Generation {
-		return true
-	}
-	p, n := prev.Published, ev.Published
-	return published && (p.State != n.State || p.Limit != n.Limit || p.RampStep != n.RampStep || p.Epoch != n.Epoch)
-}
-
-// lastEvaluation is the policy's last evaluation, if any since the manager
-// started.
-func (r *DependencyPolicyReconciler) lastEvaluation(key types.NamespacedName) (evaluation, bool) {
-	v, ok := r.evaluations.Load(key)
-	if !ok {
-		return evaluation{}, false
-	}
-	return v.(evaluation), true
-}
-
-// trigger asks the policy reconciler to reconcile pol now. It never blocks:
-// when the channel is full the periodic reconcile catches up.
-func (r *DependencyPolicyReconciler) trigger(pol *spillwayv1alpha1.DependencyPolicy) {
-	select {
-	case r.triggers <- event.GenericEvent{Object: pol}:
-	default:
-	}
-}
-
-// evalReason is the Ready reason of an evaluation error, "" for nil.
-func evalReason(err error) string {
-	if err == nil {
-		return ""
-	}
-	var ee *evalError
-	if errors.As(err, &ee) {
-		return ee.reason
-	}
-	return ReasonRedisUnavailable
+	r.backoff.Forget(key)
+	return ctrl.Result{RequeueAfter: r.Options.EvaluationInterval, Priority: ptr.To(evaluationPriority)}, nil
 }

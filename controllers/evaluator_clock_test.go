@@ -33,8 +33,9 @@ func TestEvaluatorDecidesByRedisTime(t *testing.T) {
 			g := NewWithT(t)
 			ns := newNamespace(t)
 			srv := redistest.Start(t)
-			r := &DependencyPolicyReconciler{Redis: managerRedis(srv), Options: testOptions, Clock: skewedClock{skew}}
-			startReconciler(t, env.Config, ns, r)
+			rdb := managerRedis(srv)
+			r := &Evaluator{Redis: rdb, Options: testOptions, Clock: skewedClock{skew}}
+			startReconciler(t, env.Config, ns, r, &PolicyReconciler{Redis: rdb, Options: testOptions, Clock: skewedClock{skew}})
 			w := newWorker(t, srv, ns, "billing")
 			spec := testSpec()
 			createPolicy(t, ns, "billing", spec)
@@ -59,7 +60,7 @@ func TestEvaluatorDecidesByRedisTime(t *testing.T) {
 			}).WithPolling(10*time.Millisecond).Should(Equal("Closed/40"), func() string { return fmt.Sprintf("states seen: %v", seen) })
 			g.Expect(seen).NotTo(ContainElement("Open/0"), "the failures that opened the breaker reopened it: %v", seen)
 
-			ev, ok := r.lastEvaluation(types.NamespacedName{Namespace: ns, Name: "billing"})
+			ev, ok := r.Evaluations.lastEvaluation(types.NamespacedName{Namespace: ns, Name: "billing"})
 			g.Expect(ok).To(BeTrue())
 			g.Expect(ev.Window.Failures).To(BeZero(), "failures counted in the window after the breaker closed")
 		})

@@ -120,10 +120,10 @@ func TestEvaluatorFencedPublish(t *testing.T) {
 	rdbA.AddHook(hook)
 	optsA := testOptions
 	optsA.RedisTimeout = 10 * time.Second // the held publish must not time out
-	a := &DependencyPolicyReconciler{Redis: rdbA, Options: optsA}
-	startReconciler(t, env.Config, ns, a)
-	b := &DependencyPolicyReconciler{Redis: managerRedis(srv), Options: testOptions}
-	startReconciler(t, env.Config, ns, b)
+	a := &Evaluator{Redis: rdbA, Options: optsA}
+	startReconciler(t, env.Config, ns, a, &PolicyReconciler{Redis: rdbA, Options: optsA})
+	rdbB := managerRedis(srv)
+	startReconciler(t, env.Config, ns, &Evaluator{Redis: rdbB, Options: testOptions}, &PolicyReconciler{Redis: rdbB, Options: testOptions})
 	createPolicy(t, ns, "search", testSpec())
 	key := types.NamespacedName{Namespace: ns, Name: "search"}
 	g.Eventually(w.stateLimit()).Should(Equal("Closed/40"))
@@ -149,12 +149,12 @@ func TestEvaluatorFencedPublish(t *testing.T) {
 	// A reports the refusal, then recovers from what Redis holds, without
 	// retrying in a hot loop.
 	g.Eventually(func() string {
-		ev, _ := a.lastEvaluation(key)
+		ev, _ := a.Evaluations.lastEvaluation(key)
 		return evalReason(ev.Err)
 	}).WithPolling(5 * time.Millisecond).Should(Equal(ReasonStaleEpoch))
 	refused := hook.attempts.Load()
 	g.Eventually(func() error {
-		ev, _ := a.lastEvaluation(key)
+		ev, _ := a.Evaluations.lastEvaluation(key)
 		return ev.Err
 	}).Should(Succeed(), "A publishes again after re-reading")
 	g.Expect(hook.lastReply()).To(Equal("written"))

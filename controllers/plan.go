@@ -12,7 +12,7 @@ import (
 // The control law lives in internal/control, shared with the simulator; these
 // names keep the controller's API.
 
-// Event reasons of the transitions Plan reports. Reconcile emits each as a
+// Event reasons of the transitions Plan reports. The Evaluator emits each as a
 // Kubernetes Event on the DependencyPolicy.
 const (
 	// EventOpened: the breaker opened; the limit is 0.

@@ -11,6 +11,8 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -213,12 +215,99 @@ func startManagerWrapped(t testing.TB, ns string, rdb redis.UniversalClient, opt
 		t.Fatalf("failed to create the manager: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &DependencyPolicyReconciler{Client: wrap(mgr.GetClient()), Redis: rdb, Options: opts}
-	if err := r.SetupWithManager(ctx, mgr); err != nil {
+	c := wrap(mgr.GetClient())
+	e := &Evaluator{Client: c, Redis: rdb, Options: opts}
+	p := &PolicyReconciler{Client: c, Redis: rdb, Options: opts}
+	if err := setupControllers(ctx, mgr, e, p); err != nil {
 		cancel()
 		t.Fatalf("failed to set up the controller: %v", err)
 	}
 	m := &testManager{cancel: cancel, done: make(chan error, 1)}
 	go func() { m.done <- mgr.Start(ctx) }()
 	t.Cleanup(func() { m.stop(t) })
+}
+
+func TestStatusDue(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) *metav1.Time { return &metav1.Time{Time: now.Add(d)} }
+	base := spillwayv1alpha1.DependencyPolicyStatus{
+		State: spillwayv1alpha1.StateClosed, CurrentLimit: 40, RampStep: 3, ObservedGeneration: 1,
+		LastTransitionTime: at(-time.Hour),
+		Window:             spillwayv1alpha1.ObservedWindow{Calls: 10, ObservedAt: at(-5 * time.Second)},
+		Conditions:         []metav1.Condition{{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonEvaluated, Message: "m"}},
+	}
+	tests := []struct {
+		name   string
+		change func(*spillwayv1alpha1.DependencyPolicyStatus)
+		want   bool
+	}{
+		{name: "nothing changed", change: func(*spillwayv1alpha1.DependencyPolicyStatus) {}, want: false},
+		{name: "fresh window counts wait", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) {
+			s.Window = spillwayv1alpha1.ObservedWindow{Calls: 99, Failures: 3, ObservedAt: at(0)}
+		}, want: false},
+		{name: "a window reported 5s ago is not refreshed", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) {
+			s.Window.ObservedAt = at(0)
+			s.Window.Calls = 10
+		}, want: false},
+		{name: "state", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) { s.State = spillwayv1alpha1.StateOpen }, want: true},
+		{name: "limit", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) { s.CurrentLimit = 20 }, want: true},
+		{name: "step", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) { s.RampStep = 1 }, want: true},
+		{name: "generation", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) { s.ObservedGeneration = 2 }, want: true},
+		{name: "condition message", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) {
+			s.Conditions = []metav1.Condition{{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonEvaluated, Message: "other"}}
+		}, want: true},
+		{name: "new condition", change: func(s *spillwayv1alpha1.DependencyPolicyStatus) {
+			s.Conditions = append(s.Conditions, metav1.Condition{Type: ConditionRamping})
+		}, want: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cur := *base.DeepCopy()
+			tt.change(&cur)
+			if got := statusDue(base, cur, now, 10*time.Second); got != tt.want {
+				t.Errorf("statusDue = %v, want %v", got, tt.want)
+			}
+		})
+	}
+
+	t.Run("new counts reported more than the interval ago are refreshed", func(t *testing.T) {
+		old := *base.DeepCopy()
+		old.Window.ObservedAt = at(-11 * time.Second)
+		cur := *old.DeepCopy()
+		cur.Window.ObservedAt = at(0)
+		cur.Window.Failures = 4
+		if !statusDue(old, cur, now, 10*time.Second) {
+			t.Error("statusDue = false, want true")
+		}
+	})
+	t.Run("unchanged counts are not rewritten however old", func(t *testing.T) {
+		old := *base.DeepCopy()
+		old.Window.ObservedAt = at(-time.Hour)
+		cur := *old.DeepCopy()
+		cur.Window.ObservedAt = at(0)
+		if statusDue(old, cur, now, 10*time.Second) {
+			t.Error("statusDue = true, want false")
+		}
+	})
+	t.Run("the status interval is spread by policy", func(t *testing.T) {
+		seen := map[time.Duration]bool{}
+		for _, uid := range []types.UID{"a", "b", "c", "d"} {
+			d := statusInterval(&spillwayv1alpha1.DependencyPolicy{ObjectMeta: metav1.ObjectMeta{UID: uid}}, 10*time.Second)
+			if d < 5*time.Second || d >= 10*time.Second {
+				t.Errorf("statusInterval(%s) = %v, want in [5s, 10s)", uid, d)
+			}
+			seen[d] = true
+		}
+		if len(seen) < 3 {
+			t.Errorf("statusInterval gives %d distinct values for 4 policies, want them spread", len(seen))
+		}
+	})
+	t.Run("the first window is written", func(t *testing.T) {
+		old := *base.DeepCopy()
+		old.Window.ObservedAt = nil
+		cur := *base.DeepCopy()
+		if !statusDue(old, cur, now, 10*time.Second) {
+			t.Error("statusDue = false, want true")
+		}
+	})
 }

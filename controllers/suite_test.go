@@ -96,12 +96,25 @@ func startManager(t testing.TB, ns string, rdb redis.UniversalClient, opts Optio
 // rate limits, say).
 func startManagerWithConfig(t testing.TB, cfg *rest.Config, ns string, rdb redis.UniversalClient, opts Options) *testManager {
 	t.Helper()
-	return startReconciler(t, cfg, ns, &DependencyPolicyReconciler{Redis: rdb, Options: opts})
+	return startReconciler(t, cfg, ns, &Evaluator{Redis: rdb, Options: opts}, &PolicyReconciler{Redis: rdb, Options: opts})
 }
 
-// startReconciler starts a manager running r, whose unset fields
-// SetupWithManager fills (a clock of its own, say).
-func startReconciler(t testing.TB, cfg *rest.Config, ns string, r *DependencyPolicyReconciler) *testManager {
+// setupControllers sets up e and p on mgr sharing one Evaluations, as
+// cmd/manager does; SetupWithManager fills their unset fields.
+func setupControllers(ctx context.Context, mgr ctrl.Manager, e *Evaluator, p *PolicyReconciler) error {
+	if e.Evaluations == nil {
+		e.Evaluations = NewEvaluations()
+	}
+	p.Evaluations = e.Evaluations
+	if err := e.SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	return p.SetupWithManager(ctx, mgr)
+}
+
+// startReconciler starts a manager running e and p, whose unset fields
+// SetupWithManager fills (a clock of their own, say).
+func startReconciler(t testing.TB, cfg *rest.Config, ns string, e *Evaluator, p *PolicyReconciler) *testManager {
 	t.Helper()
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 env.Scheme,
@@ -114,7 +127,7 @@ func startReconciler(t testing.TB, cfg *rest.Config, ns string, r *DependencyPol
 		t.Fatalf("failed to create the manager: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := r.SetupWithManager(ctx, mgr); err != nil {
+	if err := setupControllers(ctx, mgr, e, p); err != nil {
 		cancel()
 		t.Fatalf("failed to set up the controller: %v", err)
 	}

@@ -76,16 +76,22 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("failed to add the readiness check: %w", err)
 	}
 
-	r := &controllers.DependencyPolicyReconciler{
-		Redis: rdb,
-		Options: controllers.Options{
-			EvaluationInterval:      o.evaluationInterval,
-			StatusInterval:          o.statusInterval,
-			RedisTimeout:            o.redis.timeout,
-			MaxConcurrentReconciles: o.maxConcurrentReconciles,
-		},
+	// The evaluator publishes each policy's limit to Redis; the policy
+	// reconciler writes status and bounds the consumers from what the
+	// evaluator remembers in the store they share.
+	opts := controllers.Options{
+		EvaluationInterval:      o.evaluationInterval,
+		StatusInterval:          o.statusInterval,
+		RedisTimeout:            o.redis.timeout,
+		MaxConcurrentReconciles: o.maxConcurrentReconciles,
 	}
-	if err := r.SetupWithManager(ctx, mgr); err != nil {
+	evaluations := controllers.NewEvaluations()
+	evaluator := &controllers.Evaluator{Redis: rdb, Evaluations: evaluations, Options: opts}
+	if err := evaluator.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("failed to set up the DependencyPolicy evaluator: %w", err)
+	}
+	reconciler := &controllers.PolicyReconciler{Redis: rdb, Evaluations: evaluations, Options: opts}
+	if err := reconciler.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("failed to set up the DependencyPolicy controller: %w", err)
 	}
 

@@ -65,11 +65,14 @@ func StartControlPlane(ctx context.Context, interval time.Duration) (*ControlPla
 		return nil, fmt.Errorf("failed to create the manager: %w", err)
 	}
 	mctx, cancel := context.WithCancel(ctx)
-	r := &controllers.DependencyPolicyReconciler{
-		Redis:   cp.RDB,
-		Options: controllers.Options{EvaluationInterval: interval, StatusInterval: time.Second},
+	opts := controllers.Options{EvaluationInterval: interval, StatusInterval: time.Second}
+	evaluations := controllers.NewEvaluations()
+	if err := (&controllers.Evaluator{Redis: cp.RDB, Evaluations: evaluations, Options: opts}).SetupWithManager(mctx, mgr); err != nil {
+		cancel()
+		cp.Stop()
+		return nil, err
 	}
-	if err := r.SetupWithManager(mctx, mgr); err != nil {
+	if err := (&controllers.PolicyReconciler{Redis: cp.RDB, Evaluations: evaluations, Options: opts}).SetupWithManager(mctx, mgr); err != nil {
 		cancel()
 		cp.Stop()
 		return nil, err

@@ -65,7 +65,7 @@ type published struct {
 // every admission and every budget decision.
 func TestConformanceWithScripts(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs in real time: about 15 s")
+		t.Skip("runs in real time: about 18 s")
 	}
 	steps := []conformanceStep{
 		{protocol.Closed, 4, "hsssbbb"},   // 0: healthy, one call in flight; the budget grants 2 of 3
@@ -82,6 +82,9 @@ func TestConformanceWithScripts(t *testing.T) {
 		{protocol.Closed, 4, "hhhhxefff"}, // 11: the ramp is done: 4 in flight
 		{protocol.Closed, 4, "fb"},        // 12: seconds 10-12, 3 failures of 10
 		{protocol.Open, 0, "bb"},          // 13: seconds 11-13, 4 of 8: opened again
+		{protocol.Open, 0, "x"},           // 14
+		{protocol.HalfOpen, 2, "ffxxx"},   // 15: two probes fail at once: nothing in flight, and still no third
+		{protocol.Open, 0, "x"},           // 16: reopened
 	}
 
 	p := conformanceParams()

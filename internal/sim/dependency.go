@@ -20,6 +20,13 @@ type dependency struct {
 	lastDown, lastUp time.Duration
 	// served is the number of calls it is serving.
 	served int64
+	// callDur is the service time of a call it serves.
+	callDur time.Duration
+	// offered is the work offered to it since the last tick while up, in
+	// slot-time: the time its slots spent serving calls, plus callDur for
+	// every call it turned away for lack of a slot (the work that call
+	// wanted). servedSince is when served last changed or was counted.
+	offered, servedSince time.Duration
 	// overloadRun counts consecutive overloaded seconds.
 	overloadRun int
 }
@@ -30,6 +37,7 @@ func newDependency(sc *Scenario) dependency {
 		concurrency:   int64(d.Concurrency),
 		coldFactor:    d.ColdStart.Factor,
 		coldFor:       d.ColdStart.Duration.Duration,
+		callDur:       d.CallDuration.Duration,
 		collapseAfter: int(math.Ceil(d.Collapse.After.Seconds())),
 		up:            true,
 		changeAt:      never,
@@ -57,40 +65,69 @@ func (d *dependency) throughput(now, callDur time.Duration) float64 {
 }
 
 // accept reports whether a call starting at now is served, and takes a slot
-// if so. A call beyond the effective capacity, or while down, fails.
+// if so. A call beyond the effective capacity, or while down, fails; one
+// turned away while up counts as offered work.
 func (d *dependency) accept(now time.Duration) bool {
 	if d.served < d.effective(now) {
+		d.busy(now)
 		d.served++
 		return true
+	}
+	if d.up {
+		d.offered += d.callDur
 	}
 	return false
 }
 
-// release frees the slot of a served call.
-func (d *dependency) release() { d.served-- }
+// release frees the slot of a served call that ends at now.
+func (d *dependency) release(now time.Duration) {
+	d.busy(now)
+	d.served--
+}
+
+// busy adds the slot-time served since the last count to the offered work,
+// while up.
+func (d *dependency) busy(now time.Duration) {
+	if d.up {
+		d.offered += time.Duration(d.served) * (now - d.servedSince)
+	}
+	d.servedSince = now
+}
 
 // upSince reports whether it has not gone down since t.
 func (d *dependency) upSince(t time.Duration) bool { return d.lastDown < t }
 
 // goDown takes it down until upAt.
 func (d *dependency) goDown(now, upAt time.Duration) {
+	d.busy(now)
 	d.up, d.lastDown, d.changeAt, d.overloadRun = false, now, upAt, 0
 }
 
 // comeUp brings it back, cold.
 func (d *dependency) comeUp(now time.Duration) {
+	d.busy(now)
 	d.up, d.lastUp, d.changeAt, d.overloadRun = true, now, never, 0
 }
 
-// overloaded takes the calls started in the second that ended at now and
-// reports whether offered load has now been above the effective capacity
-// for collapseAfter consecutive seconds.
-func (d *dependency) overloaded(now time.Duration, starts int64, callDur time.Duration) bool {
+// overloaded closes the second that ended at now and reports whether the
+// work offered has now been above the effective capacity for collapseAfter
+// consecutive seconds. A second is overloaded when the work offered in it
+// (slot-time served, plus callDur for each call turned away) exceeds the
+// effective concurrency × 1 s: more calls wanted a slot than it holds. A
+// dependency that never has more than its concurrency asked of it is never
+// overloaded, whatever its call time; counting calls started in the second
+// against C/S would judge one overloaded whenever the call time does not
+// divide a second (a slot busy all the time starts 3 calls of 350 ms in six
+// seconds out of seven, more than 1/0.35).
+func (d *dependency) overloaded(now time.Duration) bool {
+	d.busy(now)
+	offered := d.offered
+	d.offered = 0
 	if !d.up {
 		d.overloadRun = 0
 		return false
 	}
-	if float64(starts) > d.throughput(now, callDur) {
+	if offered > time.Duration(d.effective(now))*time.Second {
 		d.overloadRun++
 	} else {
 		d.overloadRun = 0

@@ -128,7 +128,7 @@ func newEngine(sc *Scenario, params policy.Params, p Policy) *engine {
 		limit:         params.Capacity,
 		counters:      newCounters(seconds),
 		timers:        newDelayQueue(seconds),
-		stats:         newStats(seconds),
+		stats:         newStats(int((sc.Timeline.Horizon.Duration + time.Second - 1) / time.Second)),
 		drain:         drainTracker{drainedAt: -1},
 		dep:           newDependency(sc),
 		workers:       newAutoscaler(sc.Workers),
@@ -163,17 +163,26 @@ func (e *engine) prepareClasses() {
 	}
 }
 
-// run processes events in time order until the horizon.
+// run processes events in time order over [0, horizon): the run ends with
+// the tick at the horizon, which closes the last whole second, and nothing
+// else happens at the horizon, so that every call started is in a second of
+// the series. A horizon that is not a whole second ends with its partial
+// last second recorded.
 func (e *engine) run() {
 	for {
 		at, ev := e.next()
-		if at > e.horizon {
-			return
+		if at > e.horizon || at == e.horizon && ev != evTick {
+			break
 		}
 		e.clock.now = at
 		e.handle(ev)
+		if at == e.horizon {
+			return
+		}
 		e.dispatch()
 	}
+	e.clock.now = e.horizon
+	e.stats.record(int(e.horizon/time.Second), e.counters.startsThisSecond, e.dep.throughput(e.horizon, e.callDur))
 }
 
 // next returns the earliest event and its source; ties go to the lower
@@ -342,7 +351,7 @@ func (e *engine) complete(c call) {
 	e.busy--
 	ok := c.served && e.dep.upSince(c.started)
 	if c.served {
-		e.dep.release()
+		e.dep.release(e.clock.now)
 	}
 	e.counters.outcome(ok)
 	if e.ctl != nil {
@@ -417,7 +426,7 @@ func (e *engine) tick() {
 	starts := e.counters.closeSecond(k)
 	e.timers.startSecond(k)
 	e.stats.record(k-1, starts, e.dep.throughput(now, e.callDur))
-	if e.dep.overloaded(now, starts, e.callDur) {
+	if e.dep.overloaded(now) {
 		e.collapse()
 	}
 	if e.ctl != nil {

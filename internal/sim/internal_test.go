@@ -113,6 +113,7 @@ func TestDependencyColdStartAndCollapse(t *testing.T) {
 	sc := &Scenario{Dependency: Dependency{Concurrency: 40, ColdStart: ColdStart{Factor: 0.6}}}
 	sc.Dependency.ColdStart.Duration.Duration = 2 * time.Minute
 	sc.Dependency.Collapse.After.Duration = 3 * time.Second
+	sc.Dependency.CallDuration.Duration = 100 * time.Millisecond
 	d := newDependency(sc)
 	if got := d.effective(0); got != 40 {
 		t.Fatalf("warm capacity = %d, want 40", got)
@@ -125,11 +126,27 @@ func TestDependencyColdStartAndCollapse(t *testing.T) {
 	if got := d.effective(30 * time.Second); got != 24 {
 		t.Fatalf("cold capacity = %d, want 24", got)
 	}
-	callDur := 100 * time.Millisecond
+	// Each second, starts calls of 100 ms arrive in waves of 24 every
+	// 100 ms: those beyond the 24 slots are turned away. The work offered
+	// is starts × 100 ms against 24 slot-seconds.
+	d.overloaded(31 * time.Second)
 	for i, starts := range []int64{300, 300, 200, 300, 300, 300} {
-		collapsed := d.overloaded(time.Duration(31+i)*time.Second, starts, callDur)
+		at := time.Duration(31+i) * time.Second
+		for wave := range 10 {
+			now := at + time.Duration(wave)*d.callDur
+			var served int64
+			for range starts / 10 {
+				if d.accept(now) {
+					served++
+				}
+			}
+			for range served {
+				d.release(now + d.callDur)
+			}
+		}
+		collapsed := d.overloaded(at + time.Second)
 		if collapsed != (i == 5) {
-			t.Fatalf("second %d (%d starts, capacity 240/s): collapse %v", i, starts, collapsed)
+			t.Fatalf("second %d (%d calls offered, 240/s served): collapse %v", i, starts, collapsed)
 		}
 	}
 	if got := d.effective(20*time.Second + 2*time.Minute); got != 40 {

@@ -9,9 +9,12 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
@@ -94,6 +97,14 @@ func LoadScenarioFile(file string) (*Scenario, error) {
 func ParseScenario(data []byte, readFile func(string) ([]byte, error)) (*Scenario, error) {
 	var f scenarioFile
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+		// A duration that does not parse fails inside metav1.Duration's
+		// decoder, whose error does not say where: find the field.
+		var doc any
+		if yaml.Unmarshal(data, &doc) == nil {
+			if errs := durationErrors(doc, reflect.TypeFor[scenarioFile](), ""); len(errs) > 0 {
+				return nil, fmt.Errorf("invalid scenario: %w", errors.Join(errs...))
+			}
+		}
 		return nil, fmt.Errorf("failed to parse scenario: %w", err)
 	}
 	sc := f.Scenario
@@ -133,4 +144,64 @@ func (f *scenarioFile) loadPolicy(readFile func(string) ([]byte, error)) (*spill
 		return p, nil
 	}
 	return nil, nil
+}
+
+// durationErrors walks doc, a decoded scenario document, along the fields of
+// t and returns an error naming each duration field (metav1.Duration) whose
+// value time.ParseDuration does not accept, with path as the prefix of the
+// field names.
+func durationErrors(doc any, t reflect.Type, path string) []error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == reflect.TypeFor[metav1.Duration]() {
+		if s, ok := doc.(string); ok {
+			if _, err := time.ParseDuration(s); err == nil {
+				return nil
+			}
+			return []error{fmt.Errorf("%s: want a duration such as 90s, 5m or 1h30m, got %q", path, s)}
+		}
+		if doc == nil {
+			return nil
+		}
+		return []error{fmt.Errorf("%s: want a duration such as 90s, 5m or 1h30m, got %v", path, doc)}
+	}
+	var errs []error
+	switch t.Kind() {
+	case reflect.Struct:
+		m, ok := doc.(map[string]any)
+		if !ok {
+			return nil
+		}
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			switch {
+			case name == "-" || !f.IsExported():
+				continue
+			case f.Anonymous && name == "":
+				errs = append(errs, durationErrors(doc, f.Type, path)...)
+				continue
+			}
+			if v, ok := m[name]; ok {
+				errs = append(errs, durationErrors(v, f.Type, join(path, name))...)
+			}
+		}
+	case reflect.Slice:
+		items, ok := doc.([]any)
+		if !ok {
+			return nil
+		}
+		for i, v := range items {
+			errs = append(errs, durationErrors(v, t.Elem(), fmt.Sprintf("%s[%d]", path, i))...)
+		}
+	}
+	return errs
+}
+
+func join(path, name string) string {
+	if path == "" {
+		return name
+	}
+	return path + "." + name
 }

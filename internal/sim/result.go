@@ -40,7 +40,8 @@ type Result struct {
 	// dropped, given up nor found pending at the horizon. Always 0 unless
 	// the simulator is broken.
 	Lost int64 `json:"lost"`
-	// Calls counts every call made to the dependency.
+	// Calls counts every call made to the dependency before the horizon:
+	// the sum of Series.Calls.
 	Calls int64 `json:"calls"`
 	// Amplification is Calls / Jobs.
 	Amplification float64 `json:"amplification"`
@@ -73,7 +74,9 @@ type Backlog struct {
 }
 
 // Series is a per-second time series of one run; element i covers virtual
-// second [i, i+1).
+// second [i, i+1), the last one ending at the horizon (partial when the
+// horizon is not a whole second). The run covers [0, horizon): a call that
+// would start at the horizon is not made.
 type Series struct {
 	// Calls is the number of calls started at the dependency.
 	Calls []int32

@@ -107,8 +107,10 @@ type ColdStart struct {
 
 // Collapse says when sustained overload takes the dependency down again.
 type Collapse struct {
-	// After is how many consecutive seconds of offered load above the
-	// effective capacity make the dependency fall over.
+	// After is how many consecutive overloaded seconds make the dependency
+	// fall over: seconds in which the work offered (slot-time served, plus
+	// CallDuration for each call turned away for want of a slot) exceeds
+	// the effective concurrency × 1 s.
 	After metav1.Duration `json:"after"`
 	// DownFor is how long it stays down when it does. Defaults to the
 	// outage.

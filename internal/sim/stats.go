@@ -14,8 +14,9 @@ type stats struct {
 	capacity          []float64
 }
 
+// newStats holds a series of seconds seconds.
 func newStats(seconds int) stats {
-	return stats{calls: make([]int32, seconds-2), capacity: make([]float64, seconds-2)}
+	return stats{calls: make([]int32, seconds), capacity: make([]float64, seconds)}
 }
 
 // record stores second sec of the time series.

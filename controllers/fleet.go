@@ -1,20 +1,16 @@
 package controllers
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
+
+// This file holds, without I/O, the two states published outside the control
+// law: the safe state of a policy whose spec cannot be used (the evaluator's)
+// and the released state of a deleted policy (reconcileDelete's).
 
 // EventSafeState (Warning): the spec of a policy cannot be used and its
 // fleet was published in the safe state (see safeState).
@@ -67,53 +63,4 @@ func safeState(prev protocol.Published, now time.Time) (protocol.Published, bool
 		return prev, false
 	}
 	return closedAtCapacity(prev, now, prev.Epoch+1), true
-}
-
-// evaluateInvalid is the evaluator's run for a policy whose spec cannot be
-// turned into parameters: it publishes safeState every interval (so the
-// state stays fresh in Redis), records an InvalidSpec evaluation carrying
-// what it published for the policy reconciler, which marks the policy
-// Stalled, and reports the change as an Event. With no state in Redis there
-// is no capacity to publish: nothing is written and workers defer their
-// calls until the spec is fixed.
-func (r *DependencyPolicyReconciler) evaluateInvalid(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, specErr error) (ctrl.Result, error) {
-	key := client.ObjectKeyFromObject(pol)
-	now := r.Clock.Now()
-	ev := evaluation{At: now, Generation: pol.Generation, Err: &evalError{reason: ReasonInvalidSpec, err: fmt.Errorf("invalid spec: %w", specErr)}}
-	err := func() error {
-		pc, err := protocol.NewClient(r.Redis, protocol.Dependency{Namespace: pol.Namespace, Name: pol.Name})
-		if err != nil {
-			return err
-		}
-		rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
-		defer cancel()
-		// Stamped with Redis's time, as every evaluation is: the manager's
-		// clock may be off.
-		prev, found, redisNow, err := pc.ReadPublishedAt(rctx)
-		if err != nil || !found {
-			return err
-		}
-		next, changed := safeState(prev, redisNow)
-		if _, err := pc.Publish(rctx, next); err != nil {
-			return err
-		}
-		if changed {
-			ctrl.LoggerFrom(ctx).Info("Published the safe state of a policy whose spec cannot be used", "from", prev.State, "limit", next.Limit, "epoch", next.Epoch)
-			r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, EventSafeState, "Evaluate",
-				"The spec cannot be used: published Closed at the capacity last published (%d) instead of %s until the spec is fixed", next.Limit, prev.State)
-			recordState(key, next)
-		}
-		ev.Published = next
-		return nil
-	}()
-	if r.remember(key, ev) {
-		r.trigger(pol)
-	}
-	if err != nil {
-		reconcileErrors.WithLabelValues(ReasonRedisUnavailable).Inc()
-		ctrl.LoggerFrom(ctx).V(1).Info("Failed to publish the safe state of an invalid policy", "error", err.Error())
-		return ctrl.Result{RequeueAfter: jitter(r.evalBackoff.When(key)), Priority: ptr.To(evaluationPriority)}, nil
-	}
-	r.evalBackoff.Forget(key)
-	return ctrl.Result{RequeueAfter: r.Options.EvaluationInterval, Priority: ptr.To(evaluationPriority)}, nil
 }

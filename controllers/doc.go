@@ -1,0 +1,35 @@
+// Package controllers holds Spillway's two DependencyPolicy controllers.
+//
+// The Evaluator runs every evaluation interval and talks only to Redis: it
+// reads what workers reported, steps the breaker and the ramp in a pure
+// planner (Plan) and publishes the fleet's limit, so a slow or throttled API
+// server never delays a limit. The PolicyReconciler holds the finalizer,
+// writes status once per reconcile and bounds the consumers' KEDA
+// ScaledObjects (Bounds, DesiredReplicas). The two share an Evaluations store:
+// the evaluator remembers each policy's last evaluation there and triggers
+// the policy reconciler whenever the outcome changes.
+//
+// Neither keeps essential state in memory: the breaker and the ramp live in
+// Redis (and, as a fallback, in the policy's status), the user's replicas and
+// the pinned minimum in annotations on the ScaledObjects.
+//
+// The files, by concern:
+//
+//   - evaluator.go: the Evaluator (one evaluation: read, plan, publish); plan.go
+//     names the control law of internal/control; fleet.go the states published
+//     outside it (the safe state, the released state).
+//   - store.go: Evaluations, what the evaluator hands the policy reconciler.
+//   - policy_controller.go: the PolicyReconciler's Reconcile; delete.go its
+//     reconcileDelete; status.go the one updateStatus, which calls the pure
+//     condition functions of conditions.go.
+//   - watches.go: what enqueues the policy reconciler (policiesFor, the
+//     ScaledObject handler) and the field indexes.
+//   - binding.go: pure planning of what Spillway writes to a ScaledObject
+//     (planBinding, planRelease, the patches, Bounds, DesiredReplicas), with
+//     managedfields.go reading server-side apply's bookkeeping; consumers.go
+//     does the I/O (reads, applies, lets go), scale.go reads scale targets.
+//   - options.go: Options and their defaults; metrics.go: the metrics.
+package controllers
+
+// ControllerName names the controllers' logger and their Events.
+const ControllerName = "spillway-controller"

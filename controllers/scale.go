@@ -1,0 +1,130 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// This file reads a consumer's scale target through its scale subresource:
+// the replicas pinned when an outage begins, and a check, once per
+// ScaledObject generation, that reports a bad target early.
+
+// scaleCheckMaxDelay caps how long a ScaledObject whose scale target could
+// not be read waits before the controller reads it again.
+const scaleCheckMaxDelay = 5 * time.Minute
+
+// scaleCheck remembers reading one ScaledObject's scale target.
+type scaleCheck struct {
+	generation int64
+	failed     *consumerResult
+	failures   int
+	next       time.Time
+}
+
+// scaleChecked reports whether so's scale target need not be read now: it
+// was read successfully at this generation, or it failed and its backoff has
+// not expired (then the cached failure is reported by readScale).
+func (r *PolicyReconciler) scaleChecked(so *kedav1alpha1.ScaledObject) bool {
+	v, ok := r.scaleChecks.Load(so.UID)
+	if !ok {
+		return false
+	}
+	c := v.(scaleCheck)
+	return c.generation == so.Generation && c.failed == nil
+}
+
+// readScale reads the replicas of so's scale target from its scale
+// subresource (spec.replicas: what the autoscaler last asked for). A target
+// that failed is read again only after a backoff, doubling from 1s up to
+// scaleCheckMaxDelay; meanwhile the last failure is returned.
+func (r *PolicyReconciler) readScale(ctx context.Context, so *kedav1alpha1.ScaledObject) (int32, *consumerResult) {
+	now := r.Clock.Now()
+	prev := scaleCheck{}
+	if v, ok := r.scaleChecks.Load(so.UID); ok {
+		prev = v.(scaleCheck)
+		if prev.failed != nil && prev.generation == so.Generation && now.Before(prev.next) {
+			return 0, prev.failed
+		}
+	}
+	replicas, failed := r.getScale(ctx, so)
+	check := scaleCheck{generation: so.Generation, failed: failed}
+	if failed != nil {
+		check.failures = prev.failures + 1
+		delay := min(time.Duration(1<<min(check.failures-1, 20))*time.Second, scaleCheckMaxDelay)
+		check.next = now.Add(jitter(delay))
+	}
+	r.scaleChecks.Store(so.UID, check)
+	return replicas, failed
+}
+
+// getScale reads the scale subresource of so's scaleTargetRef (KEDA's
+// default is an apps/v1 Deployment) and says what went wrong when it cannot.
+func (r *PolicyReconciler) getScale(ctx context.Context, so *kedav1alpha1.ScaledObject) (int32, *consumerResult) {
+	ref := so.Spec.ScaleTargetRef
+	if ref == nil || ref.Name == "" {
+		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: "the ScaledObject has no scaleTargetRef"}
+	}
+	apiVersion, kind := ref.APIVersion, ref.Kind
+	if apiVersion == "" {
+		apiVersion = "apps/v1"
+	}
+	if kind == "" {
+		kind = "Deployment"
+	}
+	gv, err := schema.ParseGroupVersion(apiVersion)
+	if err != nil {
+		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("invalid scaleTargetRef.apiVersion %q: %v", apiVersion, err)}
+	}
+	gvk := gv.WithKind(kind)
+	target := &unstructured.Unstructured{}
+	target.SetGroupVersionKind(gvk)
+	target.SetNamespace(so.Namespace)
+	target.SetName(ref.Name)
+	scale := &unstructured.Unstructured{}
+	scale.SetGroupVersionKind(schema.GroupVersionKind{Group: "autoscaling", Version: "v1", Kind: "Scale"})
+	err = r.Client.SubResource("scale").Get(ctx, target, scale)
+	what := fmt.Sprintf("%s %s (%s)", kind, ref.Name, apiVersion)
+	switch {
+	case err == nil:
+		replicas, _, _ := unstructured.NestedInt64(scale.Object, "spec", "replicas")
+		return int32(min(max(replicas, 0), math.MaxInt32)), nil
+	case meta.IsNoMatchError(err):
+		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("scale target %s: the kind is not served by the API server", what)}
+	case apierrors.IsNotFound(err), apierrors.IsForbidden(err), apierrors.IsMethodNotSupported(err):
+		if has, derr := r.hasScaleSubresource(gvk); derr == nil && !has {
+			return 0, &consumerResult{Reason: ReasonNoScaleSubresource, Message: fmt.Sprintf("scale target %s has no scale subresource", what)}
+		}
+		if apierrors.IsForbidden(err) {
+			return 0, &consumerResult{Reason: ReasonScaleTargetForbidden, Message: fmt.Sprintf("scale target %s: the controller may not read its scale subresource: %v", what, err)}
+		}
+		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("scale target %s not found", what)}
+	}
+	return 0, &consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to read the scale of %s: %v", what, err)}
+}
+
+// hasScaleSubresource asks discovery whether gvk's resource has a scale
+// subresource.
+func (r *PolicyReconciler) hasScaleSubresource(gvk schema.GroupVersionKind) (bool, error) {
+	mapping, err := r.Client.RESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return false, err
+	}
+	list, err := r.Discovery.ServerResourcesForGroupVersion(gvk.GroupVersion().String())
+	if err != nil {
+		return false, err
+	}
+	for _, res := range list.APIResources {
+		if res.Name == mapping.Resource.Resource+"/scale" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
