@@ -86,7 +86,10 @@ func (c fixedClock) Now() time.Time { return time.Time(c) }
 // (WindowStart) and the rule judges it: Back steps back (Ramp.StepBack),
 // Hold keeps the step, Clean lets it climb once it has lasted its hold time;
 // while the step is settling after a step back, nothing is judged and the
-// window counts for neither the rule nor the breaker. The published
+// window counts for neither the rule nor the breaker. A step the rule steps
+// back from while at least MinFailures of its calls succeeded is a partial
+// failure: it steps back instead of opening the breaker, unless the limit is
+// already 1. The published
 // state is the breaker's, except Ramping while the breaker is closed and the
 // ramp is not done. The limit is 0 when Open, breaker.halfOpenProbes when
 // HalfOpen, the ramp's step when Ramping and the capacity when Closed. The
@@ -118,8 +121,22 @@ func Plan(in Input) Output {
 		window = breaker.Counts{}
 	}
 
+	// The step-back rule's verdict on the current step. A step that fails
+	// while the dependency still serves part of its calls (at least
+	// MinFailures successes) is a partial failure: the ramp steps back
+	// instead of the breaker opening, as long as there is a lower limit to
+	// step back to. Fast rejections (a shedding or overloaded dependency's
+	// 503s) can fail most calls of a step above the cold capacity while it
+	// serves the rest; opening the breaker would drop the limit to 0 and
+	// start the ramp again at the same step.
+	verdict := ramp.Clean
+	if b.State() == breaker.Closed && judged(in.Params, r, in.Now) {
+		verdict = sb.Judge(window.Calls, window.Failures)
+	}
+	partial := verdict == ramp.Back && window.Calls-window.Failures >= sb.MinFailures && r.Limit() > 1
+
 	var transitions []Transition
-	if t, ok := b.Evaluate(window, probes); ok {
+	if t, ok := evaluateBreaker(b, window, probes, partial); ok {
 		if t.To == breaker.Open || t.To == breaker.Closed {
 			r.Restart()
 		}
@@ -131,10 +148,6 @@ func Plan(in Input) Output {
 			Message: breakerMessage(in.Params, t, window, probes, r),
 		})
 	} else if b.State() == breaker.Closed {
-		verdict := ramp.Clean
-		if judged(in.Params, r, in.Now) {
-			verdict = sb.Judge(window.Calls, window.Failures)
-		}
 		from := r.Limit()
 		switch {
 		case verdict == ramp.Back && r.StepBack():
@@ -206,6 +219,15 @@ func WindowStart(p policy.Params, prev protocol.Published, now time.Time) time.T
 		}
 	}
 	return start
+}
+
+// evaluateBreaker is b.Evaluate, except that a partial failure the ramp steps
+// back from does not open a closed breaker.
+func evaluateBreaker(b *breaker.Breaker, window, probes breaker.Counts, partial bool) (breaker.Transition, bool) {
+	if partial && b.State() == breaker.Closed {
+		return breaker.Transition{}, false
+	}
+	return b.Evaluate(window, probes)
 }
 
 // judged reports whether the step-back rule judges the ramp's current step at

@@ -197,3 +197,33 @@ func TestPlanStepBackSurvivesRestarts(t *testing.T) {
 	out = Plan(Input{Params: e.params, Previous: out.Next, Window: healthy, Now: e.now.Add(2 * time.Minute)})
 	g.Expect(out.Next.Limit).To(Equal(int64(5)), "two clean minutes after the restore")
 }
+
+// TestPlanPartialFailureStepsBackBeforeTheBreaker: fast rejections can fail
+// most calls of a step above the cold capacity while the dependency serves
+// the rest. Such a step steps back instead of opening the breaker; a step
+// whose calls all fail (the dependency is down), or one at a limit of 1,
+// opens the breaker as before.
+func TestPlanPartialFailureStepsBackBeforeTheBreaker(t *testing.T) {
+	rejecting := protocol.Window{Calls: 100, Successes: 20, Failures: 80}
+	down := protocol.Window{Calls: 100, Failures: 100}
+
+	e := listening(ramp.Ramping, 40)
+	toRamping(t, e, 5)
+	runSteps(t, e, []step{
+		{name: "80% fast rejections, 20 served: step back", advance: time.Second, window: rejecting, state: protocol.Ramping, limit: 2, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "settled, 80% again: step back", advance: 11 * time.Second, window: rejecting, state: protocol.Ramping, limit: 1, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "at 1 nothing is below: the breaker opens", advance: 11 * time.Second, window: rejecting, state: protocol.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
+	})
+
+	e = listening(ramp.Ramping, 40)
+	toRamping(t, e, 5)
+	runSteps(t, e, []step{
+		{name: "all calls fail: the breaker opens", advance: time.Second, window: down, state: protocol.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
+	})
+
+	e = listening(ramp.Never, 40)
+	toRamping(t, e, 5)
+	runSteps(t, e, []step{
+		{name: "Never: the breaker opens", advance: time.Second, window: rejecting, state: protocol.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
+	})
+}
