@@ -59,9 +59,14 @@ envtest: ## Build kube-apiserver and etcd for envtest (cached in $(SPILLWAY_CACH
 redis: ## Install redis-server and redis-sentinel from Debian's packages when they are missing.
 	hack/setup-redis.sh
 
+.PHONY: python-test
+python-test: redis ## Run the Python client's tests on Debian's python3 (modules installed by hack/setup-python.sh).
+	hack/setup-python.sh
+	/usr/bin/python3 -m pytest clients/python/tests -q
+
 .PHONY: test
-test: envtest redis ## Run every test against a real kube-apiserver, etcd and redis-server.
-	go test $(TEST_FLAGS) ./...
+test: envtest redis python-test ## Run every test against a real kube-apiserver, etcd and redis-server.
+	SPILLWAY_REQUIRE_PYTHON=1 go test $(TEST_FLAGS) ./...
 
 .PHONY: bench
 bench: envtest redis ## Run the benchmarks whose figures go in docs/benchmarks.md.

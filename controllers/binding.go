@@ -7,14 +7,15 @@ import (
 	"math"
 	"strconv"
 
-	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 )
 
-// This file plans, without I/O, what Spillway writes to a ScaledObject: the
-// bound of each consumer (Bounds, DesiredReplicas), the bound and the pin
+// This file plans, without I/O, what Spillway writes to an autoscaler (a
+// ScaledObject or an HPA, read through the autoscaler interface of
+// autoscaler.go): the bound of each consumer (Bounds, DesiredReplicas), the
+// bound and the pin
 // while a policy holds it (planBinding, cleanupPatch), and the user's
 // replicas when it lets go (planRelease, letGoPatch). consumers.go does the
 // reads and writes these plans call for.
@@ -37,30 +38,31 @@ import (
 // too, or instead, has the value that manager wrote last: the user's.
 
 // FieldManager is the server-side apply field manager that owns a bounded
-// ScaledObject's spec.minReplicaCount and spec.maxReplicaCount and
+// autoscaler's min and max (a ScaledObject's spec.minReplicaCount and
+// spec.maxReplicaCount, an HPA's spec.minReplicas and spec.maxReplicas) and
 // Spillway's annotations, and nothing else. GitOps tools can be told to
 // ignore exactly its fields.
 const FieldManager = "spillway-controller"
 
-// MetadataFieldOwner is the field owner of the merge patch that lets go of a
-// ScaledObject: it removes the annotations and Spillway's managedFields
+// MetadataFieldOwner is the field owner of the merge patch that lets go of an
+// autoscaler: it removes the annotations and Spillway's managedFields
 // entries, and so owns nothing afterwards.
 const MetadataFieldOwner = "spillway-controller-metadata"
 
-// Spillway's annotations on a ScaledObject.
+// Spillway's annotations on a ScaledObject or an HPA.
 const (
-	// AnnotationOwner, on a ScaledObject, names the DependencyPolicy (in the
+	// AnnotationOwner, on an autoscaler, names the DependencyPolicy (in the
 	// same namespace) that bounds it. A second policy naming the same
-	// ScaledObject reports a Conflict instead of fighting over it.
+	// autoscaler reports a Conflict instead of fighting over it.
 	AnnotationOwner = "spillway.dev/owner"
-	// AnnotationOriginalReplicas, on a ScaledObject, records the user's own
-	// minReplicaCount and maxReplicaCount, as JSON with null for unset
+	// AnnotationOriginalReplicas, on an autoscaler, records the user's own
+	// min and max replicas, as JSON with null for unset
 	// ({"min":2,"max":null}), before Spillway first changes them; they are put
 	// back when the policy lets go. A change the user makes meanwhile (the
 	// field manager loses the field) is recorded here too.
 	AnnotationOriginalReplicas = "spillway.dev/original-replicas"
-	// AnnotationPinnedMinReplicas, on a ScaledObject, is the replicas its
-	// workload had when the outage began: the minReplicaCount pinned while the
+	// AnnotationPinnedMinReplicas, on an autoscaler, is the replicas its
+	// workload had when the outage began: the minimum pinned while the
 	// breaker is Open or HalfOpen and the ramp climbs.
 	AnnotationPinnedMinReplicas = "spillway.dev/pinned-min-replicas"
 )
@@ -68,9 +70,9 @@ const (
 // spillwayAnnotations are the annotations FieldManager applies.
 var spillwayAnnotations = []string{AnnotationOwner, AnnotationOriginalReplicas, AnnotationPinnedMinReplicas}
 
-// binding is what planBinding decided for one ScaledObject.
+// binding is what planBinding decided for one autoscaler.
 type binding struct {
-	// Live is the ScaledObject's replicas now; Desired what they should be.
+	// Live is the autoscaler's replicas now; Desired what they should be.
 	Live, Desired Replicas
 	// User is the user's replicas, as recorded (and updated with changes the
 	// user made since).
@@ -96,23 +98,24 @@ type binding struct {
 	Remove []string
 }
 
-// planBinding decides how policyName bounds so to bound. While pinning, the
+// planBinding decides how policyName bounds the autoscaler a to bound. While pinning, the
 // minimum is the pinned-replicas annotation, or scaled (the replicas just read
 // from the scale target) when there is none yet.
 //
 // The user's replicas are the recorded annotation, or the live values before
 // the first change, updated with the changes the user made since (see
-// userReplicas). Desired and the annotations are applied together, from so's
+// userReplicas). Desired and the annotations are applied together, from a's
 // resourceVersion, so the record always matches what was live.
-func planBinding(policyName string, so *kedav1alpha1.ScaledObject, bound int32, pinning bool, scaled *int32) binding {
-	ann := so.GetAnnotations()
-	own := ownershipOf(so.ManagedFields)
-	b := binding{Live: Replicas{Min: so.Spec.MinReplicaCount, Max: so.Spec.MaxReplicaCount}, DropLegacy: own.Legacy}
+func planBinding(policyName string, a autoscaler, bound int32, pinning bool, scaled *int32) binding {
+	ann := a.GetAnnotations()
+	k := a.kind()
+	own := ownershipOf(a.GetManagedFields(), k)
+	b := binding{Live: a.replicas(), DropLegacy: own.Legacy}
 	held := heldPin(ann)
 	b.User = b.Live
 	if s, ok := ann[AnnotationOriginalReplicas]; ok {
 		if recorded, err := parseReplicas(s); err == nil {
-			b.User, b.Adopted = userReplicas(recorded, b.Live, own, held)
+			b.User, b.Adopted = userReplicas(k, recorded, b.Live, own, held)
 		}
 	}
 	if pinning {
@@ -122,7 +125,7 @@ func planBinding(policyName string, so *kedav1alpha1.ScaledObject, bound int32, 
 			b.Pinned = ptrTo(*scaled)
 		}
 	}
-	b.Desired = DesiredReplicas(b.User, bound, b.Pinned)
+	b.Desired = desiredReplicas(k, b.User, bound, b.Pinned)
 
 	b.Annotations = map[string]string{
 		AnnotationOwner:            policyName,
@@ -144,16 +147,18 @@ func planBinding(policyName string, so *kedav1alpha1.ScaledObject, bound int32, 
 	return b
 }
 
-// planRelease is the user's replicas a ScaledObject gets back when Spillway
+// planRelease is the user's replicas an autoscaler gets back when Spillway
 // lets go of it: the record, updated with the changes the user made since;
 // nil when nothing was recorded (or the record cannot be read), and then the
 // live values stay.
-func planRelease(so *kedav1alpha1.ScaledObject) *Replicas {
-	recorded, err := parseReplicas(so.Annotations[AnnotationOriginalReplicas])
+func planRelease(a autoscaler) *Replicas {
+	ann := a.GetAnnotations()
+	recorded, err := parseReplicas(ann[AnnotationOriginalReplicas])
 	if err != nil {
 		return nil
 	}
-	u, _ := userReplicas(recorded, Replicas{Min: so.Spec.MinReplicaCount, Max: so.Spec.MaxReplicaCount}, ownershipOf(so.ManagedFields), heldPin(so.Annotations))
+	k := a.kind()
+	u, _ := userReplicas(k, recorded, a.replicas(), ownershipOf(a.GetManagedFields(), k), heldPin(ann))
 	return &u
 }
 
@@ -167,8 +172,8 @@ func heldPin(ann map[string]string) *int32 {
 	return ptrTo(int32(v))
 }
 
-// userReplicas updates the recorded user replicas with the fields the user
-// changed since, and names them. A field's live value is the user's when it
+// userReplicas updates the recorded user replicas with the fields of kind k
+// the user changed since, and names them. A field's live value is the user's when it
 // differs from the record and
 //
 //   - FieldManager does not own it: another writer changed it (or Spillway
@@ -179,23 +184,23 @@ func heldPin(ann map[string]string) *int32 {
 //     pinned value held: a tool that copies live values into what it applies
 //     (Argo CD's RespectIgnoreDifferences) looks just the same, and taking
 //     its copy for the user's would make the pin permanent.
-func userReplicas(recorded, live Replicas, own ownership, held *int32) (Replicas, string) {
+func userReplicas(k *autoscalerKind, recorded, live Replicas, own ownership, held *int32) (Replicas, string) {
 	var adopted string
 	otherMin := own.OtherMin && !(held != nil && equalInt32(live.Min, held))
 	if !equalInt32(recorded.Min, live.Min) && (!own.Min || otherMin) {
-		recorded.Min, adopted = live.Min, "minReplicaCount"
+		recorded.Min, adopted = live.Min, k.MinField
 	}
 	if !equalInt32(recorded.Max, live.Max) && (!own.Max || own.OtherMax) {
 		recorded.Max = live.Max
 		if adopted != "" {
 			adopted += ","
 		}
-		adopted += "maxReplicaCount"
+		adopted += k.MaxField
 	}
 	return recorded, adopted
 }
 
-// letGoPatch is the merge patch with which Spillway lets go of a ScaledObject
+// letGoPatch is the merge patch with which Spillway lets go of an autoscaler
 // at resourceVersion rv whose managedFields are entries, once the user's
 // replicas are back: it removes the annotations and the entries of
 // FieldManager and MetadataFieldOwner, and changes no other field, so it
@@ -220,7 +225,7 @@ func letGoPatch(rv string, entries []metav1.ManagedFieldsEntry) ([]byte, error) 
 
 // cleanupPatch is the merge patch that, before FieldManager's apply, removes
 // the annotations b.Remove names and, with b.DropLegacy, MetadataFieldOwner's
-// entry from a ScaledObject at resourceVersion rv whose managedFields are
+// entry from an autoscaler at resourceVersion rv whose managedFields are
 // entries. It changes nothing else, so MetadataFieldOwner owns nothing after
 // it; nil when there is nothing to do.
 func cleanupPatch(b binding, rv string, entries []metav1.ManagedFieldsEntry) ([]byte, error) {
@@ -297,8 +302,9 @@ func keysOf(m map[string]string) map[string]bool {
 // sets none.
 const KEDADefaultMaxReplicas int32 = 100
 
-// Replicas is a ScaledObject's minReplicaCount and maxReplicaCount; nil means
-// unset. It is also the JSON of the AnnotationOriginalReplicas annotation,
+// Replicas is an autoscaler's minimum and maximum replicas (a ScaledObject's
+// minReplicaCount and maxReplicaCount, an HPA's minReplicas and
+// maxReplicas); nil means unset. It is also the JSON of the AnnotationOriginalReplicas annotation,
 // {"min":2,"max":null}, where null keeps "unset" distinct from any number.
 type Replicas struct {
 	Min *int32 `json:"min"`
@@ -363,16 +369,26 @@ func Bounds(capacity int64, consumers []spillwayv1alpha1.Consumer) []int32 {
 //     max, while pinning; otherwise the user's min, capped at the max so that
 //     min ≤ max holds as KEDA requires, and unset when the user's is unset.
 func DesiredReplicas(user Replicas, bound int32, pin *int32) Replicas {
+	return desiredReplicas(scaledObjectKind, user, bound, pin)
+}
+
+// desiredReplicas is DesiredReplicas for an autoscaler of kind k, whose unset
+// min and max mean k.DefaultMin and k.DefaultMax. A kind whose max is
+// required (an HPA) always gets one.
+func desiredReplicas(k *autoscalerKind, user Replicas, bound int32, pin *int32) Replicas {
 	var out Replicas
-	userMax := KEDADefaultMaxReplicas
-	if user.Max != nil {
+	userMax := bound
+	switch {
+	case user.Max != nil:
 		userMax = *user.Max
+	case k.DefaultMax > 0:
+		userMax = k.DefaultMax
 	}
 	effectiveMax := min(userMax, bound)
-	if user.Max != nil || bound < KEDADefaultMaxReplicas {
+	if user.Max != nil || k.DefaultMax == 0 || bound < k.DefaultMax {
 		out.Max = &effectiveMax
 	}
-	userMin := int32(0)
+	userMin := k.DefaultMin
 	if user.Min != nil {
 		userMin = *user.Min
 	}

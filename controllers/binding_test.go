@@ -263,7 +263,7 @@ func TestPlanBinding(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			b := planBinding("dep", tt.so, 20, tt.pinning, tt.scaled)
+			b := planBinding("dep", soAutoscaler{tt.so}, 20, tt.pinning, tt.scaled)
 			g.Expect(b.Desired.Equal(tt.wantDesired)).To(BeTrue(), "desired %s", b.Desired)
 			g.Expect(b.User.Equal(tt.wantUser)).To(BeTrue(), "user %s", b.User)
 			g.Expect(b.Annotations).To(Equal(tt.wantAnn))
@@ -291,7 +291,7 @@ func TestPlanRelease(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := planRelease(tt.so)
+			got := planRelease(soAutoscaler{tt.so})
 			if (got == nil) != (tt.want == nil) || (got != nil && !got.Equal(*tt.want)) {
 				t.Errorf("planRelease = %v, want %v", got, tt.want)
 			}

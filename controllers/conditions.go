@@ -22,7 +22,7 @@ const (
 	ConditionBreakerOpen = "BreakerOpen"
 	// ConditionRamping is True while the limit climbs back to the capacity.
 	ConditionRamping = "Ramping"
-	// ConditionConsumersBounded is True when every consumer's ScaledObject is
+	// ConditionConsumersBounded is True when every consumer's autoscaler is
 	// bounded as the policy says.
 	ConditionConsumersBounded = "ConsumersBounded"
 	// ConditionStalled is True, with ReasonInvalidSpec, while the spec cannot
@@ -97,7 +97,15 @@ const (
 	// exist in the policy's namespace. Consumers can only name ScaledObjects
 	// in the policy's own namespace: the name pattern forbids '/'.
 	ReasonScaledObjectNotFound = "ScaledObjectNotFound"
-	// ReasonScaleTargetNotFound (False): the object a ScaledObject's
+	// ReasonHorizontalPodAutoscalerNotFound (False): a consumer's
+	// HorizontalPodAutoscaler does not exist in the policy's namespace.
+	ReasonHorizontalPodAutoscalerNotFound = "HorizontalPodAutoscalerNotFound"
+	// ReasonOwnedByScaledObject (False): a consumer names an HPA that a KEDA
+	// ScaledObject owns (KEDA's keda-hpa-<name>). KEDA writes that HPA's
+	// replicas from the ScaledObject, so Spillway leaves it alone: name the
+	// ScaledObject as the consumer instead.
+	ReasonOwnedByScaledObject = "OwnedByScaledObject"
+	// ReasonScaleTargetNotFound (False): the object an autoscaler's
 	// scaleTargetRef names does not exist, or its kind is not served.
 	ReasonScaleTargetNotFound = "ScaleTargetNotFound"
 	// ReasonNoScaleSubresource (False): the scale target's kind has no scale
@@ -108,10 +116,10 @@ const (
 	// read deployments/scale and statefulsets/scale.
 	ReasonScaleTargetForbidden = "ScaleTargetForbidden"
 	// ReasonConflict (False): another DependencyPolicy already bounds the
-	// ScaledObject (see the spillway.dev/owner annotation). The first policy
+	// autoscaler (see the spillway.dev/owner annotation). The first policy
 	// keeps it; this one leaves it alone.
 	ReasonConflict = "Conflict"
-	// ReasonAPIError (False): reading or changing a ScaledObject failed (for
+	// ReasonAPIError (False): reading or changing an autoscaler failed (for
 	// example a write conflict); the controller retries.
 	ReasonAPIError = "APIError"
 )
@@ -283,7 +291,7 @@ func consumersBoundedCondition(results []consumerResult) metav1.Condition {
 	}
 	if len(failed) == 0 {
 		c.Status, c.Reason = metav1.ConditionTrue, ReasonBounded
-		c.Message = fmt.Sprintf("%d ScaledObjects bounded", len(results))
+		c.Message = fmt.Sprintf("%d consumers bounded", len(results))
 		return c
 	}
 	c.Status = metav1.ConditionFalse

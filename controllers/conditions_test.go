@@ -109,7 +109,7 @@ func TestConsumersBoundedCondition(t *testing.T) {
 		message string
 	}{
 		{name: "no consumers", status: metav1.ConditionTrue, reason: ReasonNoConsumers, message: "no consumers"},
-		{name: "all bounded", results: []consumerResult{ok, {Name: "b"}}, status: metav1.ConditionTrue, reason: ReasonBounded, message: "2 ScaledObjects bounded"},
+		{name: "all bounded", results: []consumerResult{ok, {Name: "b"}}, status: metav1.ConditionTrue, reason: ReasonBounded, message: "2 consumers bounded"},
 		{name: "missing ScaledObject", results: []consumerResult{ok, {Name: "b", Reason: ReasonScaledObjectNotFound, Message: "ScaledObject not found in namespace ns"}},
 			status: metav1.ConditionFalse, reason: ReasonScaledObjectNotFound, message: "1 of 2 consumers not bounded: b: ScaledObject not found"},
 		{name: "the first failure in spec order gives the reason", results: []consumerResult{

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -23,30 +25,32 @@ import (
 )
 
 // This file is the policy reconciler's I/O on its consumers: it reads
-// ScaledObjects and their scale targets and applies what binding.go plans.
+// autoscalers (ScaledObjects and HPAs) and their scale targets and applies
+// what binding.go plans.
 
-// Event reasons for ScaledObjects, besides the transitions in plan.go
+// Event reasons for autoscalers, besides the transitions in plan.go
 // (internal/control).
 const (
-	// EventBounded: Spillway changed a ScaledObject's min or max replicas.
+	// EventBounded: Spillway changed an autoscaler's min or max replicas.
 	EventBounded = "Bounded"
-	// EventRestored: Spillway put back a ScaledObject's replicas and let go
+	// EventRestored: Spillway put back an autoscaler's replicas and let go
 	// of it.
 	EventRestored = "Restored"
 )
 
 // reconcileConsumers bounds each consumer of pol for state, and lets go of
-// the ScaledObjects pol bounded but no longer names. It returns one result
-// per consumer, in spec order, then one per ScaledObject it failed to let go.
+// the autoscalers pol bounded but no longer names. It returns one result per
+// consumer, in spec order, then one per autoscaler it failed to let go.
 func (r *PolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, state protocol.State) []consumerResult {
 	bounds := Bounds(params.Capacity, pol.Spec.Consumers)
 	pinning := control.PinsMinReplicas(params, state)
 	results := make([]consumerResult, 0, len(pol.Spec.Consumers))
-	named := make(map[string]bool, len(pol.Spec.Consumers))
+	named := make(map[consumerRef]bool, len(pol.Spec.Consumers))
 	for i, c := range pol.Spec.Consumers {
-		named[c.ScaledObjectName] = true
-		res := r.bindConsumer(ctx, pol, c.ScaledObjectName, bounds[i], pinning)
-		res.Name = c.ScaledObjectName
+		ref := refOf(c)
+		named[ref] = true
+		res := r.bindConsumer(ctx, pol, ref, bounds[i], pinning)
+		res.Name = ref.String()
 		results = append(results, res)
 	}
 	if err := r.releaseAll(ctx, pol, named); err != nil {
@@ -55,51 +59,62 @@ func (r *PolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillway
 	return results
 }
 
-// bindConsumer bounds one ScaledObject: it records the user's replicas and
+// bindConsumer bounds one autoscaler: it records the user's replicas and
 // the owner, pins the minimum during an outage and bounds the maximum, in one
 // server-side apply under FieldManager. It plans from the cache; when the
-// ScaledObject changed since (the cache lags, or the user just wrote), the
+// autoscaler changed since (the cache lags, or the user just wrote), the
 // apply is refused and bindConsumer plans once more from the API server.
-func (r *PolicyReconciler) bindConsumer(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, name string, bound int32, pinning bool) consumerResult {
-	res, conflict := r.bindFrom(ctx, r.Client, pol, name, bound, pinning)
+func (r *PolicyReconciler) bindConsumer(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, ref consumerRef, bound int32, pinning bool) consumerResult {
+	res, conflict := r.bindFrom(ctx, r.Client, pol, ref, bound, pinning)
 	if conflict {
-		ctrl.LoggerFrom(ctx).V(1).Info("A ScaledObject changed since the cache read it: reading it again", "scaledObject", klog.KRef(pol.Namespace, name))
-		res, _ = r.bindFrom(ctx, r.APIReader, pol, name, bound, pinning)
+		ctrl.LoggerFrom(ctx).V(1).Info("An autoscaler changed since the cache read it: reading it again", ref.Kind.LogKey, klog.KRef(pol.Namespace, ref.Name))
+		res, _ = r.bindFrom(ctx, r.APIReader, pol, ref, bound, pinning)
 	}
 	return res
 }
 
-// bindFrom is bindConsumer with the ScaledObject read from reader. It
-// reports whether the apply was refused because the ScaledObject changed
-// since it was read.
-func (r *PolicyReconciler) bindFrom(ctx context.Context, reader client.Reader, pol *spillwayv1alpha1.DependencyPolicy, name string, bound int32, pinning bool) (consumerResult, bool) {
+// bindFrom is bindConsumer with the autoscaler read from reader. It reports
+// whether the apply was refused because the autoscaler changed since it was
+// read.
+func (r *PolicyReconciler) bindFrom(ctx context.Context, reader client.Reader, pol *spillwayv1alpha1.DependencyPolicy, ref consumerRef, bound int32, pinning bool) (consumerResult, bool) {
 	log := ctrl.LoggerFrom(ctx)
-	so := &kedav1alpha1.ScaledObject{}
-	if err := reader.Get(ctx, types.NamespacedName{Namespace: pol.Namespace, Name: name}, so); err != nil {
+	kind := ref.Kind.Kind
+	so := ref.newObject()
+	if err := reader.Get(ctx, types.NamespacedName{Namespace: pol.Namespace, Name: ref.Name}, so.object()); err != nil {
 		if apierrors.IsNotFound(err) {
-			return consumerResult{Reason: ReasonScaledObjectNotFound, Message: fmt.Sprintf("ScaledObject not found in namespace %s", pol.Namespace)}, false
+			return consumerResult{Reason: ref.Kind.NotFound, Message: fmt.Sprintf("%s not found in namespace %s", kind, pol.Namespace)}, false
 		}
-		return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to read the ScaledObject: %v", err)}, false
+		return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to read the %s: %v", kind, err)}, false
 	}
-	if !so.DeletionTimestamp.IsZero() {
-		return consumerResult{Reason: ReasonScaledObjectNotFound, Message: "the ScaledObject is being deleted"}, false
+	if !so.GetDeletionTimestamp().IsZero() {
+		return consumerResult{Reason: ref.Kind.NotFound, Message: fmt.Sprintf("the %s is being deleted", kind)}, false
 	}
-	if owner := so.Annotations[AnnotationOwner]; owner != "" && owner != pol.Name {
-		claimed, err := r.claimedBy(ctx, pol.Namespace, owner, name)
+	if res := refusal(so); res != nil {
+		// Bounded before it was refused (KEDA adopted it since): the user's
+		// replicas go back, and it is left alone from then on.
+		if so.GetAnnotations()[AnnotationOwner] == pol.Name {
+			if err := r.release(ctx, pol, so); err != nil {
+				return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to restore the %s: %v", kind, err)}, false
+			}
+		}
+		return *res, false
+	}
+	if owner := so.GetAnnotations()[AnnotationOwner]; owner != "" && owner != pol.Name {
+		claimed, err := r.claimedBy(ctx, pol.Namespace, owner, ref)
 		if err != nil {
 			return consumerResult{Reason: ReasonAPIError, Message: err.Error()}, false
 		}
 		if claimed {
 			return consumerResult{Reason: ReasonConflict, Message: fmt.Sprintf("already bounded by DependencyPolicy %s", owner)}, false
 		}
-		log.Info("Taking over a ScaledObject whose owner no longer names it", "scaledObject", klog.KObj(so), "previousOwner", owner)
+		log.Info("Taking over an autoscaler whose owner no longer names it", ref.Kind.LogKey, klog.KObj(so), "previousOwner", owner)
 	}
 
 	// The scale target is read when the outage begins (to pin its replicas)
-	// and once per ScaledObject generation (to report a bad target early).
+	// and once per autoscaler generation (to report a bad target early).
 	var scaled *int32
 	var failed *consumerResult
-	if needPin := pinning && so.Annotations[AnnotationPinnedMinReplicas] == ""; needPin || !r.scaleChecked(so) {
+	if needPin := pinning && so.GetAnnotations()[AnnotationPinnedMinReplicas] == ""; needPin || !r.scaleChecked(so) {
 		replicas, res := r.readScale(ctx, so)
 		if res != nil {
 			failed = res
@@ -110,22 +125,22 @@ func (r *PolicyReconciler) bindFrom(ctx context.Context, reader client.Reader, p
 
 	b := planBinding(pol.Name, so, bound, pinning, scaled)
 	if b.Adopted != "" {
-		log.Info("The user changed a bounded ScaledObject: recorded as the user's replicas", "scaledObject", klog.KObj(so), "fields", b.Adopted, "user", b.User.String())
+		log.Info("The user changed a bounded autoscaler: recorded as the user's replicas", ref.Kind.LogKey, klog.KObj(so), "fields", b.Adopted, "user", b.User.String())
 	}
 	if b.Apply {
 		if err := r.applyBinding(ctx, so, b); err != nil {
 			if apierrors.IsConflict(err) {
-				return consumerResult{Reason: ReasonAPIError, Message: "the ScaledObject changed since it was read; it is read again"}, true
+				return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("the %s changed since it was read; it is read again", kind)}, true
 			}
 			return consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to apply replicas: %v", err)}, false
 		}
 		if !b.Live.Equal(b.Desired) {
-			msg := fmt.Sprintf("ScaledObject %s: replicas %s -> %s (bound %d)", so.Name, b.Live, b.Desired, bound)
+			msg := fmt.Sprintf("%s %s: replicas %s -> %s (bound %d)", kind, so.GetName(), b.Live, b.Desired, bound)
 			if b.Pinned != nil {
 				msg += fmt.Sprintf(", minimum pinned at %d replicas through the outage", *b.Pinned)
 			}
-			r.Recorder.Eventf(pol, so, corev1.EventTypeNormal, EventBounded, "Bound", "%s", msg)
-			log.Info("Bounded a ScaledObject", "scaledObject", klog.KObj(so), "from", b.Live.String(), "to", b.Desired.String(), "bound", bound)
+			r.Recorder.Eventf(pol, so.object(), corev1.EventTypeNormal, EventBounded, "Bound", "%s", msg)
+			log.Info("Bounded an autoscaler", ref.Kind.LogKey, klog.KObj(so), "from", b.Live.String(), "to", b.Desired.String(), "bound", bound)
 		}
 	}
 	if failed != nil {
@@ -140,13 +155,13 @@ func (r *PolicyReconciler) bindFrom(ctx context.Context, reader client.Reader, p
 // user's change made meanwhile is therefore never overwritten unrecorded: it
 // is read, and recorded, on the next try. What the apply cannot remove (see
 // cleanupPatch) goes first, from the same resourceVersion.
-func (r *PolicyReconciler) applyBinding(ctx context.Context, so *kedav1alpha1.ScaledObject, b binding) error {
-	data, err := cleanupPatch(b, so.ResourceVersion, so.ManagedFields)
+func (r *PolicyReconciler) applyBinding(ctx context.Context, so autoscaler, b binding) error {
+	data, err := cleanupPatch(b, so.GetResourceVersion(), so.GetManagedFields())
 	if err != nil {
 		return err
 	}
 	if data != nil {
-		if err := r.Client.Patch(ctx, so, client.RawPatch(types.MergePatchType, data), client.FieldOwner(MetadataFieldOwner)); err != nil {
+		if err := r.Client.Patch(ctx, so.object(), client.RawPatch(types.MergePatchType, data), client.FieldOwner(MetadataFieldOwner)); err != nil {
 			return fmt.Errorf("failed to remove annotations the apply cannot: %w", err)
 		}
 	}
@@ -156,27 +171,28 @@ func (r *PolicyReconciler) applyBinding(ctx context.Context, so *kedav1alpha1.Sc
 
 // apply server-side applies min and max (the fields desired sets, and no
 // others) and annotations to so under FieldManager, with so's resourceVersion
-// as a precondition, and returns the ScaledObject the API server answered.
-func (r *PolicyReconciler) apply(ctx context.Context, so *kedav1alpha1.ScaledObject, desired Replicas, annotations map[string]string) (*unstructured.Unstructured, error) {
+// as a precondition, and returns the object the API server answered.
+func (r *PolicyReconciler) apply(ctx context.Context, so autoscaler, desired Replicas, annotations map[string]string) (*unstructured.Unstructured, error) {
+	k := so.kind()
 	ann := make(map[string]any, len(annotations))
 	for k, v := range annotations {
 		ann[k] = v
 	}
-	metadata := map[string]any{"name": so.Name, "namespace": so.Namespace, "resourceVersion": so.ResourceVersion}
+	metadata := map[string]any{"name": so.GetName(), "namespace": so.GetNamespace(), "resourceVersion": so.GetResourceVersion()}
 	if len(ann) > 0 {
 		metadata["annotations"] = ann
 	}
 	obj := map[string]any{
-		"apiVersion": kedav1alpha1.GroupVersion.String(),
-		"kind":       "ScaledObject",
+		"apiVersion": k.GroupVersion.String(),
+		"kind":       k.Kind,
 		"metadata":   metadata,
 	}
 	spec := map[string]any{}
 	if desired.Min != nil {
-		spec["minReplicaCount"] = int64(*desired.Min)
+		spec[k.MinField] = int64(*desired.Min)
 	}
 	if desired.Max != nil {
-		spec["maxReplicaCount"] = int64(*desired.Max)
+		spec[k.MaxField] = int64(*desired.Max)
 	}
 	if len(spec) > 0 {
 		obj["spec"] = spec
@@ -188,44 +204,58 @@ func (r *PolicyReconciler) apply(ctx context.Context, so *kedav1alpha1.ScaledObj
 	return u, nil
 }
 
-// releaseAll lets go of every ScaledObject pol bounds whose name is not in
-// keep. A nil keep means pol is being deleted: then the ScaledObjects its spec
+// releaseAll lets go of every autoscaler pol bounds that keep does not
+// name. A nil keep means pol is being deleted: then the autoscalers its spec
 // names are let go of too, so that one pol claimed moments ago, which the
 // cache may not show yet, is not left bounded once the finalizer is gone.
 // Each is read from the API server (APIReader) before it is let go.
-func (r *PolicyReconciler) releaseAll(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, keep map[string]bool) error {
-	var owned kedav1alpha1.ScaledObjectList
-	if err := r.Client.List(ctx, &owned, client.InNamespace(pol.Namespace), client.MatchingFields{IndexOwner: pol.Name}); err != nil {
+func (r *PolicyReconciler) releaseAll(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, keep map[consumerRef]bool) error {
+	refs := map[consumerRef]bool{}
+	var sos kedav1alpha1.ScaledObjectList
+	if err := r.Client.List(ctx, &sos, client.InNamespace(pol.Namespace), client.MatchingFields{IndexOwner: pol.Name}); err != nil {
 		return fmt.Errorf("failed to list the ScaledObjects of %s: %w", klog.KObj(pol), err)
 	}
-	names := map[string]bool{}
-	for _, so := range owned.Items {
-		if !keep[so.Name] {
-			names[so.Name] = true
-		}
+	for _, so := range sos.Items {
+		refs[consumerRef{Kind: scaledObjectKind, Name: so.Name}] = true
 	}
+	var hpas autoscalingv2.HorizontalPodAutoscalerList
+	if err := r.Client.List(ctx, &hpas, client.InNamespace(pol.Namespace), client.MatchingFields{IndexOwner: pol.Name}); err != nil {
+		return fmt.Errorf("failed to list the HorizontalPodAutoscalers of %s: %w", klog.KObj(pol), err)
+	}
+	for _, h := range hpas.Items {
+		refs[consumerRef{Kind: hpaKind, Name: h.Name}] = true
+	}
+	maps.DeleteFunc(refs, func(ref consumerRef, _ bool) bool { return keep[ref] })
 	if keep == nil {
 		for _, c := range pol.Spec.Consumers {
-			names[c.ScaledObjectName] = true
+			refs[refOf(c)] = true
 		}
 	}
 	var errs []error
-	for _, name := range slices.Sorted(maps.Keys(names)) {
-		so := &kedav1alpha1.ScaledObject{}
-		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: pol.Namespace, Name: name}, so); err != nil {
+	for _, ref := range slices.SortedFunc(maps.Keys(refs), compareRefs) {
+		so := ref.newObject()
+		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: pol.Namespace, Name: ref.Name}, so.object()); err != nil {
 			if !apierrors.IsNotFound(err) {
-				errs = append(errs, fmt.Errorf("failed to read ScaledObject %s: %w", name, err))
+				errs = append(errs, fmt.Errorf("failed to read %s %s: %w", ref.Kind.Kind, ref.Name, err))
 			}
 			continue
 		}
-		if so.Annotations[AnnotationOwner] != pol.Name {
+		if so.GetAnnotations()[AnnotationOwner] != pol.Name {
 			continue
 		}
 		if err := r.release(ctx, pol, so); err != nil {
-			errs = append(errs, fmt.Errorf("failed to restore ScaledObject %s: %w", name, err))
+			errs = append(errs, fmt.Errorf("failed to restore %s %s: %w", ref.Kind.Kind, ref.Name, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// compareRefs orders consumers by kind, then name.
+func compareRefs(a, b consumerRef) int {
+	if c := strings.Compare(a.Kind.Kind, b.Kind.Kind); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
 }
 
 // release lets go of so, in two requests, each failing if so changed since
@@ -241,13 +271,13 @@ func (r *PolicyReconciler) releaseAll(ctx context.Context, pol *spillwayv1alpha1
 // Spillway then owns nothing: a field only it owned is owned by nobody and
 // the user's next apply, forced or not, takes it; a field the user's manager
 // owned too stays theirs.
-func (r *PolicyReconciler) release(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, so *kedav1alpha1.ScaledObject) error {
+func (r *PolicyReconciler) release(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, so autoscaler) error {
 	user := planRelease(so)
-	rv, entries := so.ResourceVersion, so.ManagedFields
+	rv, entries := so.GetResourceVersion(), so.GetManagedFields()
 	if user != nil {
 		ann := map[string]string{}
 		for _, k := range spillwayAnnotations {
-			if v, ok := so.Annotations[k]; ok {
+			if v, ok := so.GetAnnotations()[k]; ok {
 				ann[k] = v
 			}
 		}
@@ -264,25 +294,26 @@ func (r *PolicyReconciler) release(ctx context.Context, pol *spillwayv1alpha1.De
 	if err != nil {
 		return err
 	}
-	if err := r.Client.Patch(ctx, so, client.RawPatch(types.MergePatchType, data), client.FieldOwner(MetadataFieldOwner)); err != nil {
+	if err := r.Client.Patch(ctx, so.object(), client.RawPatch(types.MergePatchType, data), client.FieldOwner(MetadataFieldOwner)); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
 		return err
 	}
-	r.scaleChecks.Delete(so.UID)
-	msg := fmt.Sprintf("ScaledObject %s: the user's replicas are back", so.Name)
+	r.scaleChecks.Delete(so.GetUID())
+	k := so.kind()
+	msg := fmt.Sprintf("%s %s: the user's replicas are back", k.Kind, so.GetName())
 	if user != nil {
-		msg = fmt.Sprintf("ScaledObject %s: the user's replicas %s are back", so.Name, user)
+		msg = fmt.Sprintf("%s %s: the user's replicas %s are back", k.Kind, so.GetName(), user)
 	}
-	r.Recorder.Eventf(pol, so, corev1.EventTypeNormal, EventRestored, "Restore", "%s", msg)
-	ctrl.LoggerFrom(ctx).Info("Restored a ScaledObject", "scaledObject", klog.KObj(so), "user", msg)
+	r.Recorder.Eventf(pol, so.object(), corev1.EventTypeNormal, EventRestored, "Restore", "%s", msg)
+	ctrl.LoggerFrom(ctx).Info("Restored an autoscaler", k.LogKey, klog.KObj(so), "user", msg)
 	return nil
 }
 
 // claimedBy reports whether the policy owner, in namespace, exists and names
-// the ScaledObject as a consumer.
-func (r *PolicyReconciler) claimedBy(ctx context.Context, namespace, owner, scaledObject string) (bool, error) {
+// the autoscaler ref as a consumer.
+func (r *PolicyReconciler) claimedBy(ctx context.Context, namespace, owner string, ref consumerRef) (bool, error) {
 	other := &spillwayv1alpha1.DependencyPolicy{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: owner}, other); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -291,7 +322,7 @@ func (r *PolicyReconciler) claimedBy(ctx context.Context, namespace, owner, scal
 		return false, fmt.Errorf("failed to read DependencyPolicy %s: %w", owner, err)
 	}
 	for _, c := range other.Spec.Consumers {
-		if c.ScaledObjectName == scaledObject {
+		if refOf(c) == ref {
 			return true, nil
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -84,7 +85,7 @@ func fieldPathOwned(e metav1.ManagedFieldsEntry, path ...string) bool {
 	return set.has(path...)
 }
 
-// staleClient is a manager's client whose List of ScaledObjects, or Get of
+// staleClient is a manager's client whose List of ScaledObjects (or HPAs), or Get of
 // one, answers from a snapshot taken earlier: the informer cache lagging
 // behind the API server. Everything else goes to the real client.
 type staleClient struct {
@@ -93,16 +94,22 @@ type staleClient struct {
 	mu sync.Mutex
 	// lists, when set, is what a List of ScaledObjects returns.
 	lists *kedav1alpha1.ScaledObjectList
+	// hpaLists, when set, is what a List of HPAs returns.
+	hpaLists *autoscalingv2.HorizontalPodAutoscalerList
 	// gets holds, by name, what a Get of a ScaledObject returns.
 	gets map[string]*kedav1alpha1.ScaledObject
 }
 
 func (c *staleClient) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	c.mu.Lock()
-	stale := c.lists
+	stale, staleHPAs := c.lists, c.hpaLists
 	c.mu.Unlock()
 	if l, ok := list.(*kedav1alpha1.ScaledObjectList); ok && stale != nil {
 		stale.DeepCopyInto(l)
+		return nil
+	}
+	if l, ok := list.(*autoscalingv2.HorizontalPodAutoscalerList); ok && staleHPAs != nil {
+		staleHPAs.DeepCopyInto(l)
 		return nil
 	}
 	return c.Client.List(ctx, list, opts...)
@@ -280,7 +287,7 @@ func TestBindFromAStaleReadOverwritesNoEdit(t *testing.T) {
 	stale := &staleClient{Client: env.Client, gets: map[string]*kedav1alpha1.ScaledObject{}}
 	r := &PolicyReconciler{Client: stale, APIReader: env.Client, Recorder: events.NewFakeRecorder(100), Clock: clock.RealClock{}}
 
-	res := r.bindConsumer(ctx, pol, "render", 20, false)
+	res := r.bindConsumer(ctx, pol, consumerRef{Kind: scaledObjectKind, Name: "render"}, 20, false)
 	g.Expect(res.Reason).To(BeEmpty(), res.Message)
 	g.Expect(replicasOf(ns, "render")(g)).To(Equal("min=2 max=20"))
 
@@ -290,7 +297,7 @@ func TestBindFromAStaleReadOverwritesNoEdit(t *testing.T) {
 
 	// The capacity halves: the bound is 10 now, planned first from the stale
 	// read.
-	res = r.bindConsumer(ctx, pol, "render", 10, false)
+	res = r.bindConsumer(ctx, pol, consumerRef{Kind: scaledObjectKind, Name: "render"}, 10, false)
 	g.Expect(res.Reason).To(BeEmpty(), res.Message)
 	so := getScaledObject(g, ns, "render")
 	g.Expect(so.Annotations).To(HaveKeyWithValue(AnnotationOriginalReplicas, `{"min":2,"max":60}`), "the user's edit is recorded, not overwritten")
@@ -300,7 +307,7 @@ func TestBindFromAStaleReadOverwritesNoEdit(t *testing.T) {
 	stale.gets["render"] = so.DeepCopy()
 	g.Expect(gitopsApply(ns, "render", ptr.To[int32](2), ptr.To[int32](50), true)).To(Succeed())
 	r.APIReader = stale
-	res = r.bindConsumer(ctx, pol, "render", 5, false)
+	res = r.bindConsumer(ctx, pol, consumerRef{Kind: scaledObjectKind, Name: "render"}, 5, false)
 	g.Expect(res.Reason).To(Equal(ReasonAPIError), "a bind from a stale read is refused")
 	g.Expect(replicasOf(ns, "render")(g)).To(Equal("min=2 max=50"), "the user's edit is not overwritten")
 }
@@ -334,7 +341,7 @@ func TestLegacyMetadataOwnerIsDropped(t *testing.T) {
 	// The outage is over.
 	pol := &spillwayv1alpha1.DependencyPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "template-api"}}
 	r := &PolicyReconciler{Client: env.Client, APIReader: env.Client, Recorder: events.NewFakeRecorder(100), Clock: clock.RealClock{}}
-	res := r.bindConsumer(ctx, pol, "render", 40, false)
+	res := r.bindConsumer(ctx, pol, consumerRef{Kind: scaledObjectKind, Name: "render"}, 40, false)
 	g.Expect(res.Reason).To(BeEmpty(), res.Message)
 	so = getScaledObject(g, ns, "render")
 	g.Expect(Replicas{Min: so.Spec.MinReplicaCount, Max: so.Spec.MaxReplicaCount}.String()).To(Equal("min=2 max=40"))
@@ -344,7 +351,7 @@ func TestLegacyMetadataOwnerIsDropped(t *testing.T) {
 
 	// And letting go, on delete, leaves nothing of Spillway's. (The field
 	// index of the owner annotation needs a cache: the List is empty here.)
-	r.Client = &staleClient{Client: env.Client, lists: &kedav1alpha1.ScaledObjectList{}}
+	r.Client = &staleClient{Client: env.Client, lists: &kedav1alpha1.ScaledObjectList{}, hpaLists: &autoscalingv2.HorizontalPodAutoscalerList{}}
 	pol.Spec.Consumers = []spillwayv1alpha1.Consumer{{ScaledObjectName: "render"}}
 	g.Expect(r.releaseAll(ctx, pol, nil)).To(Succeed())
 	expectLetGo(g, ns, "render", "min=2 max=80")

@@ -37,7 +37,7 @@ const (
 	EventReleaseSkipped = "FleetReleaseSkipped"
 )
 
-// reconcileDelete gives every ScaledObject the policy bounds its user's
+// reconcileDelete gives every autoscaler the policy bounds its user's
 // replicas back, releases the fleet in Redis (see releasedState) and removes
 // the finalizer. While Redis cannot be written the finalizer stays: the
 // reconciler retries with backoff, with a Warning Event and the Ready

@@ -8,6 +8,7 @@ import (
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -150,6 +151,9 @@ func newCachedReconciler(t *testing.T, ns string, rdb *redis.Client) *PolicyReco
 	}
 	if err := c.IndexField(ctx, &kedav1alpha1.ScaledObject{}, IndexOwner, ownerName); err != nil {
 		t.Fatalf("failed to index ScaledObjects: %v", err)
+	}
+	if err := c.IndexField(ctx, &autoscalingv2.HorizontalPodAutoscaler{}, IndexOwner, ownerName); err != nil {
+		t.Fatalf("failed to index HorizontalPodAutoscalers: %v", err)
 	}
 	go func() { _ = c.Start(ctx) }()
 	if !c.WaitForCacheSync(ctx) {

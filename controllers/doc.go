@@ -4,14 +4,14 @@
 // reads what workers reported, steps the breaker and the ramp in a pure
 // planner (Plan) and publishes the fleet's limit, so a slow or throttled API
 // server never delays a limit. The PolicyReconciler holds the finalizer,
-// writes status once per reconcile and bounds the consumers' KEDA
-// ScaledObjects (Bounds, DesiredReplicas). The two share an Evaluations store:
+// writes status once per reconcile and bounds the consumers' autoscalers,
+// KEDA ScaledObjects and HorizontalPodAutoscalers (Bounds, DesiredReplicas). The two share an Evaluations store:
 // the evaluator remembers each policy's last evaluation there and triggers
 // the policy reconciler whenever the outcome changes.
 //
 // Neither keeps essential state in memory: the breaker and the ramp live in
 // Redis (and, as a fallback, in the policy's status), the user's replicas and
-// the pinned minimum in annotations on the ScaledObjects.
+// the pinned minimum in annotations on the autoscalers.
 //
 // The files, by concern:
 //
@@ -23,8 +23,10 @@
 //     reconcileDelete; status.go the one updateStatus, which calls the pure
 //     condition functions of conditions.go.
 //   - watches.go: what enqueues the policy reconciler (policiesFor, the
-//     ScaledObject handler) and the field indexes.
-//   - binding.go: pure planning of what Spillway writes to a ScaledObject
+//     autoscaler handler) and the field indexes.
+//   - autoscaler.go: the two kinds of consumer (ScaledObject, HPA) behind
+//     one small interface, and the refusal of an HPA KEDA owns.
+//   - binding.go: pure planning of what Spillway writes to an autoscaler
 //     (planBinding, planRelease, the patches, Bounds, DesiredReplicas), with
 //     managedfields.go reading server-side apply's bookkeeping; consumers.go
 //     does the I/O (reads, applies, lets go), scale.go reads scale targets.

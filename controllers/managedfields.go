@@ -12,8 +12,9 @@ import (
 
 // ownership is what managedFields says about the fields Spillway writes.
 type ownership struct {
-	// Min and Max: FieldManager's apply owns spec.minReplicaCount,
-	// spec.maxReplicaCount.
+	// Min and Max: FieldManager's apply owns the min and max fields
+	// (spec.minReplicaCount and spec.maxReplicaCount of a ScaledObject,
+	// spec.minReplicas and spec.maxReplicas of an HPA).
 	Min, Max bool
 	// OtherMin and OtherMax: a manager other than Spillway's owns them.
 	OtherMin, OtherMax bool
@@ -23,9 +24,9 @@ type ownership struct {
 	Legacy bool
 }
 
-// ownershipOf reads managedFields. Entries of subresources (status) and
-// entries that cannot be read are skipped.
-func ownershipOf(entries []metav1.ManagedFieldsEntry) ownership {
+// ownershipOf reads the managedFields of an autoscaler of kind k. Entries of
+// subresources (status) and entries that cannot be read are skipped.
+func ownershipOf(entries []metav1.ManagedFieldsEntry, k *autoscalerKind) ownership {
 	own := ownership{Annotations: map[string]bool{}}
 	for _, e := range entries {
 		if e.Subresource != "" || e.FieldsV1 == nil {
@@ -35,8 +36,8 @@ func ownershipOf(entries []metav1.ManagedFieldsEntry) ownership {
 		if err != nil {
 			continue
 		}
-		minOwned := set.has("f:spec", "f:minReplicaCount")
-		maxOwned := set.has("f:spec", "f:maxReplicaCount")
+		minOwned := set.has("f:spec", "f:"+k.MinField)
+		maxOwned := set.has("f:spec", "f:"+k.MaxField)
 		switch {
 		case e.Manager == FieldManager && e.Operation == metav1.ManagedFieldsOperationApply:
 			own.Min, own.Max = minOwned, maxOwned

@@ -9,6 +9,7 @@ import (
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	"github.com/redis/go-redis/v9"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -33,13 +34,13 @@ import (
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
-// Finalizer holds a DependencyPolicy until its ScaledObjects got the user's
+// Finalizer holds a DependencyPolicy until its autoscalers got the user's
 // replicas back.
 const Finalizer = "spillway.dev/finalizer"
 
 // PolicyReconciler is the controller that holds a DependencyPolicy's
 // finalizer, writes its status from the evaluator's last evaluation and
-// bounds its consumers' ScaledObjects. Build it with its exported fields and
+// bounds its consumers' autoscalers. Build it with its exported fields and
 // call SetupWithManager, which fills what is left unset.
 type PolicyReconciler struct {
 	// Client reads from the manager's cache and writes to the API server.
@@ -67,7 +68,7 @@ type PolicyReconciler struct {
 	// backoff spaces the retries of policies whose consumers could not all
 	// be bounded.
 	backoff workqueue.TypedRateLimiter[types.NamespacedName]
-	// scaleChecks caches, per ScaledObject, whether its scale target was
+	// scaleChecks caches, per autoscaler, whether its scale target was
 	// readable: an optimisation only, rebuilt after a restart.
 	scaleChecks sync.Map
 }
@@ -80,6 +81,7 @@ type PolicyReconciler struct {
 // +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/status,verbs=patch
 // +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/finalizers,verbs=update
 // +kubebuilder:rbac:groups=keda.sh,resources=scaledobjects,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=apps,resources=deployments/scale;statefulsets/scale,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -118,7 +120,11 @@ func (r *PolicyReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&spillwayv1alpha1.DependencyPolicy{}, builder.WithPredicates(predicate.Or[client.Object](
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
-		Watches(&kedav1alpha1.ScaledObject{}, scaledObjectHandler{
+		Watches(&kedav1alpha1.ScaledObject{}, autoscalerHandler{
+			EventHandler: handler.EnqueueRequestsFromMapFunc(r.policiesFor),
+			forget:       func(uid types.UID) { r.scaleChecks.Delete(uid) },
+		}).
+		Watches(&autoscalingv2.HorizontalPodAutoscaler{}, autoscalerHandler{
 			EventHandler: handler.EnqueueRequestsFromMapFunc(r.policiesFor),
 			forget:       func(uid types.UID) { r.scaleChecks.Delete(uid) },
 		}).

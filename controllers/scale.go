@@ -6,7 +6,6 @@ import (
 	"math"
 	"time"
 
-	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -15,13 +14,13 @@ import (
 
 // This file reads a consumer's scale target through its scale subresource:
 // the replicas pinned when an outage begins, and a check, once per
-// ScaledObject generation, that reports a bad target early.
+// autoscaler generation, that reports a bad target early.
 
-// scaleCheckMaxDelay caps how long a ScaledObject whose scale target could
+// scaleCheckMaxDelay caps how long an autoscaler whose scale target could
 // not be read waits before the controller reads it again.
 const scaleCheckMaxDelay = 5 * time.Minute
 
-// scaleCheck remembers reading one ScaledObject's scale target.
+// scaleCheck remembers reading one autoscaler's scale target.
 type scaleCheck struct {
 	generation int64
 	failed     *consumerResult
@@ -32,47 +31,47 @@ type scaleCheck struct {
 // scaleChecked reports whether so's scale target need not be read now: it
 // was read successfully at this generation, or it failed and its backoff has
 // not expired (then the cached failure is reported by readScale).
-func (r *PolicyReconciler) scaleChecked(so *kedav1alpha1.ScaledObject) bool {
-	v, ok := r.scaleChecks.Load(so.UID)
+func (r *PolicyReconciler) scaleChecked(so autoscaler) bool {
+	v, ok := r.scaleChecks.Load(so.GetUID())
 	if !ok {
 		return false
 	}
 	c := v.(scaleCheck)
-	return c.generation == so.Generation && c.failed == nil
+	return c.generation == so.GetGeneration() && c.failed == nil
 }
 
 // readScale reads the replicas of so's scale target from its scale
 // subresource (spec.replicas: what the autoscaler last asked for). A target
 // that failed is read again only after a backoff, doubling from 1s up to
 // scaleCheckMaxDelay; meanwhile the last failure is returned.
-func (r *PolicyReconciler) readScale(ctx context.Context, so *kedav1alpha1.ScaledObject) (int32, *consumerResult) {
+func (r *PolicyReconciler) readScale(ctx context.Context, so autoscaler) (int32, *consumerResult) {
 	now := r.Clock.Now()
 	prev := scaleCheck{}
-	if v, ok := r.scaleChecks.Load(so.UID); ok {
+	if v, ok := r.scaleChecks.Load(so.GetUID()); ok {
 		prev = v.(scaleCheck)
-		if prev.failed != nil && prev.generation == so.Generation && now.Before(prev.next) {
+		if prev.failed != nil && prev.generation == so.GetGeneration() && now.Before(prev.next) {
 			return 0, prev.failed
 		}
 	}
 	replicas, failed := r.getScale(ctx, so)
-	check := scaleCheck{generation: so.Generation, failed: failed}
+	check := scaleCheck{generation: so.GetGeneration(), failed: failed}
 	if failed != nil {
 		check.failures = prev.failures + 1
 		delay := min(time.Duration(1<<min(check.failures-1, 20))*time.Second, scaleCheckMaxDelay)
 		check.next = now.Add(jitter(delay))
 	}
-	r.scaleChecks.Store(so.UID, check)
+	r.scaleChecks.Store(so.GetUID(), check)
 	return replicas, failed
 }
 
-// getScale reads the scale subresource of so's scaleTargetRef (KEDA's
-// default is an apps/v1 Deployment) and says what went wrong when it cannot.
-func (r *PolicyReconciler) getScale(ctx context.Context, so *kedav1alpha1.ScaledObject) (int32, *consumerResult) {
-	ref := so.Spec.ScaleTargetRef
-	if ref == nil || ref.Name == "" {
-		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: "the ScaledObject has no scaleTargetRef"}
+// getScale reads the scale subresource of so's scaleTargetRef (an apps/v1
+// Deployment when the apiVersion and kind are unset, as KEDA defaults them)
+// and says what went wrong when it cannot.
+func (r *PolicyReconciler) getScale(ctx context.Context, so autoscaler) (int32, *consumerResult) {
+	apiVersion, kind, name := so.scaleTarget()
+	if name == "" {
+		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("the %s has no scaleTargetRef", so.kind().Kind)}
 	}
-	apiVersion, kind := ref.APIVersion, ref.Kind
 	if apiVersion == "" {
 		apiVersion = "apps/v1"
 	}
@@ -86,12 +85,12 @@ func (r *PolicyReconciler) getScale(ctx context.Context, so *kedav1alpha1.Scaled
 	gvk := gv.WithKind(kind)
 	target := &unstructured.Unstructured{}
 	target.SetGroupVersionKind(gvk)
-	target.SetNamespace(so.Namespace)
-	target.SetName(ref.Name)
+	target.SetNamespace(so.GetNamespace())
+	target.SetName(name)
 	scale := &unstructured.Unstructured{}
 	scale.SetGroupVersionKind(schema.GroupVersionKind{Group: "autoscaling", Version: "v1", Kind: "Scale"})
 	err = r.Client.SubResource("scale").Get(ctx, target, scale)
-	what := fmt.Sprintf("%s %s (%s)", kind, ref.Name, apiVersion)
+	what := fmt.Sprintf("%s %s (%s)", kind, name, apiVersion)
 	switch {
 	case err == nil:
 		replicas, _, _ := unstructured.NestedInt64(scale.Object, "spec", "replicas")

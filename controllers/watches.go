@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -18,34 +19,50 @@ import (
 )
 
 // This file is what enqueues the policy reconciler besides its policies and
-// the evaluator's triggers: changes to ScaledObjects, mapped to their
-// policies through two field indexes.
+// the evaluator's triggers: changes to ScaledObjects and HPAs, mapped to
+// their policies through field indexes.
 
 const (
 	// IndexConsumer indexes DependencyPolicies by the names of the
 	// ScaledObjects they list as consumers.
 	IndexConsumer = "spec.consumers.scaledObjectName"
-	// IndexOwner indexes ScaledObjects by their AnnotationOwner.
+	// IndexHPAConsumer indexes DependencyPolicies by the names of the
+	// HorizontalPodAutoscalers they list as consumers.
+	IndexHPAConsumer = "spec.consumers.horizontalPodAutoscalerName"
+	// IndexOwner indexes ScaledObjects and HorizontalPodAutoscalers by their
+	// AnnotationOwner.
 	IndexOwner = "metadata.annotations.spillway.dev/owner"
 )
 
-// setupIndexes registers IndexConsumer and IndexOwner with mgr's cache.
+// setupIndexes registers IndexConsumer, IndexHPAConsumer and IndexOwner with
+// mgr's cache.
 func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &spillwayv1alpha1.DependencyPolicy{}, IndexConsumer, consumerNames); err != nil {
+	indexer := mgr.GetFieldIndexer()
+	if err := indexer.IndexField(ctx, &spillwayv1alpha1.DependencyPolicy{}, IndexConsumer, consumerNames); err != nil {
 		return fmt.Errorf("failed to index DependencyPolicies by consumer: %w", err)
 	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &kedav1alpha1.ScaledObject{}, IndexOwner, ownerName); err != nil {
+	if err := indexer.IndexField(ctx, &spillwayv1alpha1.DependencyPolicy{}, IndexHPAConsumer, hpaConsumerNames); err != nil {
+		return fmt.Errorf("failed to index DependencyPolicies by HorizontalPodAutoscaler consumer: %w", err)
+	}
+	if err := indexer.IndexField(ctx, &kedav1alpha1.ScaledObject{}, IndexOwner, ownerName); err != nil {
 		return fmt.Errorf("failed to index ScaledObjects by owner: %w", err)
+	}
+	if err := indexer.IndexField(ctx, &autoscalingv2.HorizontalPodAutoscaler{}, IndexOwner, ownerName); err != nil {
+		return fmt.Errorf("failed to index HorizontalPodAutoscalers by owner: %w", err)
 	}
 	return nil
 }
 
-// policiesFor maps a ScaledObject to the policies that name it as a consumer,
-// and to the one its owner annotation names.
+// policiesFor maps a ScaledObject or an HPA to the policies that name it as
+// a consumer, and to the one its owner annotation names.
 func (r *PolicyReconciler) policiesFor(ctx context.Context, obj client.Object) []reconcile.Request {
+	index := IndexConsumer
+	if _, ok := obj.(*autoscalingv2.HorizontalPodAutoscaler); ok {
+		index = IndexHPAConsumer
+	}
 	var list spillwayv1alpha1.DependencyPolicyList
-	if err := r.Client.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.MatchingFields{IndexConsumer: obj.GetName()}); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "Failed to list the policies of a ScaledObject", "scaledObject", klog.KObj(obj))
+	if err := r.Client.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.MatchingFields{index: obj.GetName()}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to list the policies of an autoscaler", "autoscaler", klog.KObj(obj))
 	}
 	seen := map[string]bool{}
 	var reqs []reconcile.Request
@@ -62,15 +79,15 @@ func (r *PolicyReconciler) policiesFor(ctx context.Context, obj client.Object) [
 	return reqs
 }
 
-// scaledObjectHandler enqueues the policies of a ScaledObject that changed,
-// and forgets a deleted ScaledObject's cached scale check.
-type scaledObjectHandler struct {
+// autoscalerHandler enqueues the policies of an autoscaler (a ScaledObject
+// or an HPA) that changed, and forgets a deleted one's cached scale check.
+type autoscalerHandler struct {
 	handler.EventHandler
 	forget func(types.UID)
 }
 
-// Delete forgets the ScaledObject and enqueues its policies.
-func (h scaledObjectHandler) Delete(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+// Delete forgets the autoscaler and enqueues its policies.
+func (h autoscalerHandler) Delete(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 	if e.Object != nil {
 		h.forget(e.Object.GetUID())
 	}
@@ -85,7 +102,24 @@ func consumerNames(obj client.Object) []string {
 	}
 	names := make([]string, 0, len(pol.Spec.Consumers))
 	for _, c := range pol.Spec.Consumers {
-		names = append(names, c.ScaledObjectName)
+		if c.ScaledObjectName != "" {
+			names = append(names, c.ScaledObjectName)
+		}
+	}
+	return names
+}
+
+// hpaConsumerNames is the IndexHPAConsumer index function.
+func hpaConsumerNames(obj client.Object) []string {
+	pol, ok := obj.(*spillwayv1alpha1.DependencyPolicy)
+	if !ok {
+		return nil
+	}
+	var names []string
+	for _, c := range pol.Spec.Consumers {
+		if c.HorizontalPodAutoscalerName != "" {
+			names = append(names, c.HorizontalPodAutoscalerName)
+		}
 	}
 	return names
 }

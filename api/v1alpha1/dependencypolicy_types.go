@@ -46,12 +46,13 @@ type DependencyPolicySpec struct {
 	// +optional
 	Backoff Backoff `json:"backoff,omitempty"`
 
-	// consumers are the KEDA ScaledObjects, in this policy's namespace, whose
-	// workloads call the dependency. The controller bounds their
-	// maxReplicaCount to the dependency's capacity and pins their
-	// minReplicaCount during outages.
+	// consumers are the autoscalers, in this policy's namespace, whose
+	// workloads call the dependency: KEDA ScaledObjects and autoscaling/v2
+	// HorizontalPodAutoscalers. The controller bounds their maximum replicas
+	// to the dependency's capacity and pins their minimum during outages.
 	// +listType=map
 	// +listMapKey=scaledObjectName
+	// +listMapKey=horizontalPodAutoscalerName
 	// +kubebuilder:validation:MaxItems=32
 	// +optional
 	Consumers []Consumer `json:"consumers,omitempty"`
@@ -300,15 +301,34 @@ type Backoff struct {
 	Jitter JitterMode `json:"jitter,omitempty"`
 }
 
-// Consumer is a KEDA ScaledObject whose workload calls the dependency.
+// Consumer is an autoscaler whose workload calls the dependency: a KEDA
+// ScaledObject (scaledObjectName) or an autoscaling/v2
+// HorizontalPodAutoscaler (horizontalPodAutoscalerName), exactly one of them.
+// Spillway bounds a ScaledObject's spec.maxReplicaCount and pins its
+// spec.minReplicaCount; an HPA's spec.maxReplicas and spec.minReplicas. An
+// HPA that KEDA made for a ScaledObject (keda-hpa-*) cannot be a consumer:
+// name the ScaledObject instead.
+//
+// +kubebuilder:validation:XValidation:rule="(has(self.scaledObjectName) && size(self.scaledObjectName) > 0) != (has(self.horizontalPodAutoscalerName) && size(self.horizontalPodAutoscalerName) > 0)",message="a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"
 type Consumer struct {
-	// scaledObjectName is the name of the ScaledObject, in the policy's
-	// namespace. Unique within the list.
-	// +kubebuilder:validation:MinLength=1
+	// scaledObjectName is the name of a KEDA ScaledObject in the policy's
+	// namespace. Unique within the list. Empty (the default) when the
+	// consumer is an HPA.
+	// +kubebuilder:default=""
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
-	// +required
-	ScaledObjectName string `json:"scaledObjectName"`
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$`
+	// +optional
+	ScaledObjectName string `json:"scaledObjectName,omitempty"`
+
+	// horizontalPodAutoscalerName is the name of an autoscaling/v2
+	// HorizontalPodAutoscaler in the policy's namespace, one that no
+	// ScaledObject owns. Unique within the list. Empty (the default) when the
+	// consumer is a ScaledObject.
+	// +kubebuilder:default=""
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$`
+	// +optional
+	HorizontalPodAutoscalerName string `json:"horizontalPodAutoscalerName,omitempty"`
 
 	// slotsPerReplica is the number of concurrent calls one replica of the
 	// workload makes to the dependency, at most 10000. Defaults to 1.

@@ -346,9 +346,25 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 		spec: "capacity: {concurrency: 40}\nbackoff: {max: five minutes}",
 		want: []string{"spec.backoff.max", "max must be a duration between 1ms and 24h"},
 	}, {
-		name: "consumer without scaledObjectName",
+		name: "consumer naming nothing",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {weight: 2}",
-		want: []string{"spec.consumers[0].scaledObjectName", "Required value"},
+		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"},
+	}, {
+		name: "consumer naming both a ScaledObject and an HPA",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: workers, horizontalPodAutoscalerName: workers}",
+		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"},
+	}, {
+		name: "consumer with empty names",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: '', horizontalPodAutoscalerName: ''}",
+		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"},
+	}, {
+		name: "duplicate HPA consumers",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {horizontalPodAutoscalerName: workers}\n- {horizontalPodAutoscalerName: workers, weight: 2}",
+		want: []string{"spec.consumers[1]", "Duplicate value"},
+	}, {
+		name: "consumer horizontalPodAutoscalerName not a DNS name",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {horizontalPodAutoscalerName: Report_Workers}",
+		want: []string{"spec.consumers[0].horizontalPodAutoscalerName", "should match"},
 	}}
 
 	for i, tc := range cases {
@@ -633,6 +649,41 @@ backoff: {base: 1.5ms, max: 24h}
 consumers:
 - {scaledObjectName: a, weight: 1000, slotsPerReplica: 10000}
 - {scaledObjectName: b, weight: 1000, slotsPerReplica: 10000}
-- {scaledObjectName: c, weight: 1000, slotsPerReplica: 10000}`
+- {scaledObjectName: c, weight: 1000, slotsPerReplica: 10000}
+- {horizontalPodAutoscalerName: d, weight: 1000, slotsPerReplica: 10000}`
 	g.Expect(env.Client.Create(t.Context(), policyFromSpec(t, ns, "maxima", spec))).To(Succeed())
+}
+
+// A ScaledObject and an HPA may share a name: they are different objects,
+// and the list's keys are both names. A manifest written before HPAs could
+// be consumers, naming only scaledObjectName, reads back the same, with the
+// HPA's name empty.
+func TestConsumersOfBothKinds(t *testing.T) {
+	g := NewWithT(t)
+	ns := newNamespace(t)
+	spec := `capacity: {concurrency: 40}
+consumers:
+- scaledObjectName: workers
+  slotsPerReplica: 2
+- horizontalPodAutoscalerName: workers
+  weight: 3`
+	pol := policyFromSpec(t, ns, "both", spec)
+	g.Expect(env.Client.Create(t.Context(), pol)).To(Succeed())
+	var got spillwayv1alpha1.DependencyPolicy
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(pol), &got)).To(Succeed())
+	g.Expect(got.Spec.Consumers).To(Equal([]spillwayv1alpha1.Consumer{
+		{ScaledObjectName: "workers", SlotsPerReplica: 2, Weight: 1},
+		{HorizontalPodAutoscalerName: "workers", SlotsPerReplica: 1, Weight: 3},
+	}))
+
+	// Server-side apply merges the list by both names: a second manager
+	// adding an HPA consumer keeps the first manager's ScaledObject.
+	add := policyFromSpec(t, ns, "both", "capacity: {concurrency: 40}\nconsumers:\n- {horizontalPodAutoscalerName: reports}")
+	g.Expect(env.Client.Apply(t.Context(), client.ApplyConfigurationFromUnstructured(add), client.FieldOwner("second"), client.ForceOwnership)).To(Succeed())
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(pol), &got)).To(Succeed())
+	var names []string
+	for _, c := range got.Spec.Consumers {
+		names = append(names, c.ScaledObjectName+"|"+c.HorizontalPodAutoscalerName)
+	}
+	g.Expect(names).To(ConsistOf("workers|", "|workers", "|reports"))
 }

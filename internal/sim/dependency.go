@@ -29,6 +29,15 @@ type dependency struct {
 	offered, servedSince time.Duration
 	// overloadRun counts consecutive overloaded seconds.
 	overloadRun int
+	// load is the slot-time its slots spent serving calls since the last
+	// tick, up or down; wanted[s%len(wanted)] is the slot-time that the
+	// calls it turned away, up or down, wanted in second s: callDur from
+	// each one's start, split over the seconds it spans. Together they are
+	// the load of the second, for PeakOverCapacity. Nothing is booked at
+	// or after horizon, the end of the run.
+	load    time.Duration
+	wanted  []time.Duration
+	horizon time.Duration
 }
 
 func newDependency(sc *Scenario) dependency {
@@ -43,6 +52,10 @@ func newDependency(sc *Scenario) dependency {
 		changeAt:      never,
 		lastDown:      -1,
 		lastUp:        math.MinInt64 / 2,
+		// A call turned away in second s wants slot-time in seconds s to
+		// s+callDur/1s+1 at most, none of them closed yet.
+		wanted:  make([]time.Duration, d.CallDuration.Duration/time.Second+2),
+		horizon: sc.Timeline.Horizon.Duration,
 	}
 }
 
@@ -76,7 +89,37 @@ func (d *dependency) accept(now time.Duration) bool {
 	if d.up {
 		d.offered += d.callDur
 	}
+	d.turnAway(now)
 	return false
+}
+
+// turnAway books the slot-time that a call turned away at now wanted,
+// callDur from now but not past the horizon, in the seconds it falls in.
+func (d *dependency) turnAway(now time.Duration) {
+	for from, to := now, min(now+d.callDur, d.horizon); from < to; {
+		sec := from / time.Second
+		end := min(to, (sec+1)*time.Second)
+		d.wanted[int(sec)%len(d.wanted)] += end - from
+		from = end
+	}
+}
+
+// closeLoad returns the load of second sec, which ends at or after now
+// (after only for a partial last second): the slot-time its slots spent
+// serving calls in it, plus the slot-time the calls it turned away wanted
+// in it. It is the time integral over the second of the calls that wanted
+// a slot, so it is at most Concurrency × 1 s while no more calls want a
+// slot than it holds, whatever the call time.
+func (d *dependency) closeLoad(now time.Duration, sec int) time.Duration {
+	d.busy(now)
+	load := d.load
+	d.load = 0
+	if sec >= 0 {
+		i := sec % len(d.wanted)
+		load += d.wanted[i]
+		d.wanted[i] = 0
+	}
+	return load
 }
 
 // release frees the slot of a served call that ends at now.
@@ -85,11 +128,13 @@ func (d *dependency) release(now time.Duration) {
 	d.served--
 }
 
-// busy adds the slot-time served since the last count to the offered work,
-// while up.
+// busy adds the slot-time served since the last count to the load, and to
+// the offered work while up.
 func (d *dependency) busy(now time.Duration) {
+	slotTime := time.Duration(d.served) * (now - d.servedSince)
+	d.load += slotTime
 	if d.up {
-		d.offered += time.Duration(d.served) * (now - d.servedSince)
+		d.offered += slotTime
 	}
 	d.servedSince = now
 }

@@ -182,7 +182,8 @@ func (e *engine) run() {
 		e.dispatch()
 	}
 	e.clock.now = e.horizon
-	e.stats.record(int(e.horizon/time.Second), e.counters.startsThisSecond, e.dep.throughput(e.horizon, e.callDur))
+	sec := int(e.horizon / time.Second)
+	e.stats.record(sec, e.counters.startsThisSecond, e.dep.closeLoad(e.horizon, sec), e.dep.throughput(e.horizon, e.callDur))
 }
 
 // next returns the earliest event and its source; ties go to the lower
@@ -425,7 +426,7 @@ func (e *engine) tick() {
 	k := int(now / time.Second) // the second starting now
 	starts := e.counters.closeSecond(k)
 	e.timers.startSecond(k)
-	e.stats.record(k-1, starts, e.dep.throughput(now, e.callDur))
+	e.stats.record(k-1, starts, e.dep.closeLoad(now, k-1), e.dep.throughput(now, e.callDur))
 	if e.dep.overloaded(now) {
 		e.collapse()
 	}

@@ -205,3 +205,63 @@ func TestPredictionAccuracy(t *testing.T) {
 		}
 	}
 }
+
+// peakRun runs one pod of slots slots, always busy, against a dependency of
+// 20 slots with calls of call; failed calls take as long as served ones, so
+// during the outage each slot still wants one call's worth of slot-time at
+// a time. After the outage it comes back at half its concurrency for 5 s,
+// so half the slots' calls are turned away.
+func peakRun(t *testing.T, call string, slots int) sim.Result {
+	t.Helper()
+	doc := fmt.Sprintf(`name: peak
+timeline: {warmup: 20s, outage: 2s, horizon: 30s}
+arrivals: {ratePerSecond: 5000}
+dependency:
+  concurrency: 20
+  callDuration: %s
+  coldStart: {factor: 0.5, duration: 5s}
+  collapse: {after: 1h}
+workers: {minReplicas: 1, maxReplicas: 1, slotsPerPod: %d}
+`, call, slots) + strings.Replace(inlinePolicy, "concurrency: 10", "concurrency: 20", 1)
+	sc, err := sim.ParseScenario([]byte(doc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := sim.Run(sc, []sim.Policy{sim.ImmediateRetry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep.Policies[0]
+}
+
+// TestPeakAtConcurrency: a fleet that never has more calls in flight than
+// the dependency's concurrency offers at most its capacity, so the peak is
+// at most 1.0, whatever the call time. Counting calls started per second
+// against C/S reads 1.05 for 350 ms calls (3 starts in most seconds against
+// 2.86) and 1.2 for 300 ms.
+func TestPeakAtConcurrency(t *testing.T) {
+	for _, call := range []string{"100ms", "300ms", "350ms", "700ms", "1500ms"} {
+		t.Run(call, func(t *testing.T) {
+			r := peakRun(t, call, 20)
+			if r.PeakOverCapacity > 1.0 {
+				t.Errorf("peak_over_capacity = %v with never more than 20 calls of %s in flight at a dependency of concurrency 20, want <= 1.0 (calls started per second: %v)", r.PeakOverCapacity, call, r.Series.Calls[:5])
+			}
+			if r.PeakOverCapacity < 0.99 {
+				t.Errorf("peak_over_capacity = %v with 20 calls of %s always in flight at a dependency of concurrency 20, want 1.0", r.PeakOverCapacity, call)
+			}
+		})
+	}
+}
+
+// TestPeakAboveConcurrency: two slots more than the dependency holds offer
+// 22 calls' worth of slot-time a second against 20: the peak is 1.1.
+func TestPeakAboveConcurrency(t *testing.T) {
+	for _, call := range []string{"100ms", "350ms", "1500ms"} {
+		t.Run(call, func(t *testing.T) {
+			r := peakRun(t, call, 22)
+			if r.PeakOverCapacity <= 1.0 || math.Abs(r.PeakOverCapacity-1.1) > 0.011 {
+				t.Errorf("peak_over_capacity = %v with 22 calls of %s always wanting a slot at a dependency of concurrency 20, want 1.1", r.PeakOverCapacity, call)
+			}
+		})
+	}
+}

@@ -13,10 +13,17 @@ import (
 type Result struct {
 	// Policy is the policy's name.
 	Policy Policy `json:"name"`
-	// PeakOverCapacity is the highest number of calls started at the
-	// dependency in any one second, divided by its nominal throughput
-	// Concurrency/CallDuration. Above 1 the fleet offered more than the
-	// dependency can serve even when warm.
+	// PeakOverCapacity is the highest load on the dependency in any one
+	// second, divided by its warm capacity Concurrency × 1 s. The load of a
+	// second is the slot-time that calls wanted in it: the time its slots
+	// spent serving calls, plus CallDuration from the start of every call
+	// it turned away (for lack of a slot, cold or down), split over the
+	// seconds that span covers. It is the average over the second of the
+	// number of calls that wanted a slot, over Concurrency: at most 1 while
+	// no more than Concurrency calls want a slot at once, whatever the call
+	// time; above 1 the fleet offered more than the dependency can serve
+	// even when warm. Unlike the collapse rule it counts while the
+	// dependency is down, against its warm concurrency.
 	PeakOverCapacity float64 `json:"peak_over_capacity"`
 	// SecondOutages counts the collapses after the recovery.
 	SecondOutages int `json:"second_outages"`
@@ -170,10 +177,9 @@ func (e *engine) result(p Policy) Result {
 	jobs := int64(len(e.jobs))
 	found := e.pendingFound()
 	s := e.stats
-	nominal := float64(e.sc.Dependency.Concurrency) / e.callDur.Seconds()
 	r := Result{
 		Policy:            p,
-		PeakOverCapacity:  round(float64(s.peakStarts)/nominal, 3),
+		PeakOverCapacity:  round(float64(s.peakLoad)/float64(time.Duration(e.sc.Dependency.Concurrency)*time.Second), 3),
 		SecondOutages:     s.secondOutages,
 		Completed:         s.completed,
 		Stale:             s.stale,

@@ -9,9 +9,10 @@ type stats struct {
 	parking           int64
 	secondOutages     int
 	downAfterRecovery time.Duration
-	peakStarts        int64
-	calls             []int32
-	capacity          []float64
+	// peakLoad is the highest load of a second (see dependency.closeLoad).
+	peakLoad time.Duration
+	calls    []int32
+	capacity []float64
 }
 
 // newStats holds a series of seconds seconds.
@@ -19,9 +20,9 @@ func newStats(seconds int) stats {
 	return stats{calls: make([]int32, seconds), capacity: make([]float64, seconds)}
 }
 
-// record stores second sec of the time series.
-func (s *stats) record(sec int, starts int64, throughput float64) {
-	s.peakStarts = max(s.peakStarts, starts)
+// record stores second sec of the time series and its load.
+func (s *stats) record(sec int, starts int64, load time.Duration, throughput float64) {
+	s.peakLoad = max(s.peakLoad, load)
 	if sec >= 0 && sec < len(s.calls) {
 		s.calls[sec] = int32(starts)
 		s.capacity[sec] = throughput

@@ -78,7 +78,11 @@ func TestCancelledCallsAreNotDependencyFailures(t *testing.T) {
 	g.Expect(w.Timeouts).To(BeZero(), "no timeout counted")
 	g.Expect(w.RetriesGranted+w.BudgetRefused).To(BeZero(), "no retry budget spent")
 	g.Expect(opens(w)).To(BeFalse(), "the breaker does not open")
-	g.Expect(rdb.ZCount(t.Context(), protocol.KeysFor(gd.Dependency()).Leases, "(0", "+inf").Val()).To(BeZero(), "every slot freed")
+	// A release that timed out on a busy machine is retried by the guard's
+	// forgetter, so the slots are free within the ghost bound, not at once.
+	g.Eventually(func() int64 {
+		return rdb.ZCount(t.Context(), protocol.KeysFor(gd.Dependency()).Leases, "(0", "+inf").Val()
+	}, ghostBound, 50*time.Millisecond).Should(BeZero(), "every slot freed")
 }
 
 // A call whose own deadline expired, with the caller still waiting, is a

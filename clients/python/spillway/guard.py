@@ -1,0 +1,681 @@
+"""The worker side of Spillway for Python: every protection the fleet puts on
+calls to one dependency, enforced through Redis at each call (protocol v3),
+with the failure-mode rules of the Go guard (pkg/guard):
+
+- every acquisition carries a deadline in Redis time, from an estimate of
+  Redis's clock, past which Redis refuses it and writes nothing;
+- an acquisition (or a release) whose reply was not read is handed to a
+  background forgetter that makes its lease stop counting (no ghost leases);
+- a call cut short by its caller (KeyboardInterrupt, SystemExit, a raised
+  Cancelled, a lost lease) is released with the outcome ``c``: it counts
+  nothing against the dependency and is deferred, never retried as a failure;
+- a long call's lease is renewed every third of its TTL by a background
+  thread, which stops renewing it when the call ends, exceptions included;
+- Redis unavailable fails closed unless fail_open_limit admits the call
+  locally.
+
+    guard = Guard(redis.Redis(socket_timeout=1), "mail/template-api")
+    try:
+        guard.call(lambda: render(template), Job(attempt=attempt, deadline=enqueued + 300))
+    except SpillwayError as e:
+        action, after = decide(e)   # defer / retry / park -> run again after `after` s; drop -> ack
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import queue
+import random as _random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import redis
+
+from . import errors as E
+from . import metrics as M
+from . import protocol as P
+from . import retry as R
+
+log = logging.getLogger("spillway")
+
+# Redis clock estimate (pkg/guard/redisclock.go).
+OFFSET_PERIOD = 30.0
+DEADLINE_SLACK = 0.002
+BOOTSTRAP_SKEW = 1.0
+
+# Forgetter (pkg/guard/forget.go).
+FORGET_QUEUE = 8192
+FORGET_BACKOFF_MIN = 0.02
+FORGET_BACKOFF_MAX = 0.5
+FORGET_TIMEOUT_MIN = 0.25
+
+
+@dataclass
+class Job:
+    """One run of a job.
+
+    attempt: 1 for the first call, 2 for the first retry; deferred runs keep
+    their attempt number. deadline: Unix time (seconds) after which the job is
+    dropped as stale; None for work that never expires. key and version, when
+    key is set, drop the run if a newer version of key has run or been
+    announced with Guard.supersede (versions are integers in [0, 2^53))."""
+
+    attempt: int = 1
+    deadline: Optional[float] = None
+    key: str = ""
+    version: int = 0
+
+
+class RedisClock:
+    """Estimates Redis's time from the local monotonic clock (redisclock.go).
+
+    Each reply gives a sample: Redis's time when the script ran minus the
+    local time the request was sent; the script ran after the send, so every
+    sample is at least the true offset and the smallest recent one is the
+    closest. A deadline built from it is never earlier than the true one."""
+
+    def __init__(self, wall=time.time):
+        self._lock = threading.Lock()
+        self._wall = wall
+        self.known = False
+        self.cur = self.prev = 0.0
+        self.has_prev = False
+        self.cur_start = 0.0
+
+    def observe(self, sent: float, redis_now_ms: int) -> None:
+        if not redis_now_ms:
+            return
+        s = redis_now_ms / 1000.0 - sent
+        with self._lock:
+            if not self.known:
+                self.known, self.cur, self.has_prev, self.cur_start = True, s, False, sent
+            elif sent - self.cur_start >= OFFSET_PERIOD:
+                self.prev, self.has_prev = self.cur, True
+                self.cur, self.cur_start = s, sent
+            else:
+                self.cur = min(self.cur, s)
+
+    def reset(self, sent: float, redis_now_ms: int) -> None:
+        """A reply that came in time was refused as late: Redis's clock moved."""
+        with self._lock:
+            self.known = False
+        self.observe(sent, redis_now_ms)
+
+    def deadline(self, sent: float, wait: float):
+        """(deadline in Unix ms of Redis time, seconds after sent it lies)."""
+        with self._lock:
+            if not self.known:
+                late = wait + BOOTSTRAP_SKEW
+                return int((self._wall() + late) * 1000), late
+            off = min(self.cur, self.prev) if self.has_prev else self.cur
+        return int((off + sent + wait + DEADLINE_SLACK) * 1000), wait + DEADLINE_SLACK
+
+
+class _Forgetter:
+    """Makes unread leases stop counting, in one background thread per guard,
+    started by the first lease it is handed; retries with a capped backoff
+    while Redis does not answer and gives a lease up once it has expired by
+    itself. It never blocks a caller: when its queue is full the lease is left
+    to expire."""
+
+    def __init__(self, proto: P.Client, timeout: float, metrics: M.Metrics):
+        self.proto, self.timeout, self.metrics = proto, max(timeout, FORGET_TIMEOUT_MIN), metrics
+        self.queue: "queue.Queue" = queue.Queue(FORGET_QUEUE)
+        self.stop = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+        self.lock = threading.Lock()
+        self.closed = False
+        self.forgotten = 0  # for tests
+
+    def add(self, member: str, expires: float) -> None:
+        with self.lock:
+            if self.closed:
+                self.metrics.unread("dropped")
+                return
+            if self.thread is None or not self.thread.is_alive():  # also after a fork
+                self.thread = threading.Thread(target=self._run, name="spillway-forget", daemon=True)
+                self.thread.start()
+        try:
+            self.queue.put_nowait((member, expires))
+            self.metrics.unread("queued")
+        except queue.Full:
+            self.metrics.unread("dropped")
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.stop.set()
+            t = self.thread
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            t.join()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                member, expires = self.queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if not self._forget(member, expires):
+                return
+
+    def _forget(self, member: str, expires: float) -> bool:
+        pause = FORGET_BACKOFF_MIN
+        while True:
+            if time.monotonic() >= expires:
+                self.metrics.unread("expired")
+                return True
+            try:
+                self.proto.forget(member, timeout=self.timeout)
+                self.metrics.unread("forgotten")
+                self.forgotten += 1
+                return True
+            except Exception:  # Redis away: try again, sooner than the lease expires
+                self.metrics.redis_errors.inc()
+            if self.stop.wait(pause):
+                return False
+            pause = min(2 * pause, FORGET_BACKOFF_MAX)
+
+
+class _Renewer:
+    """Renews the leases of the guard's running calls: one background thread
+    that sleeps until the next renewal is due. A Permit is scheduled when it
+    is admitted and unscheduled when it is done, so a call's renewals stop
+    when it ends, whatever it raised; the thread itself exits once no call
+    has been scheduled for idle seconds."""
+
+    def __init__(self, idle: float = 5.0):
+        self.cond = threading.Condition()
+        self.heap = []
+        self.seq = itertools.count()
+        self.thread: Optional[threading.Thread] = None
+        self.idle = idle
+        self.closed = False
+
+    def schedule(self, when: float, permit: "Permit") -> None:
+        with self.cond:
+            if self.closed:
+                return
+            # Wake the thread only when this renewal comes before every
+            # other: calls admitted one after another all renew later than
+            # the first, so the call path rarely switches threads.
+            wake = not self.heap or when < self.heap[0][0]
+            heapq.heappush(self.heap, (when, next(self.seq), permit))
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="spillway-renew", daemon=True)
+                self.thread.start()
+            elif wake:
+                self.cond.notify()
+
+    def running(self) -> bool:
+        with self.cond:
+            return self.thread is not None and self.thread.is_alive()
+
+    def scheduled(self) -> int:
+        with self.cond:
+            return sum(1 for _, _, p in self.heap if not p._done)
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.heap.clear()
+            self.cond.notify()
+            t = self.thread
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            t.join()
+
+    def _run(self) -> None:
+        idle_since = None
+        while True:
+            with self.cond:
+                while self.heap and self.heap[0][2]._done:
+                    heapq.heappop(self.heap)  # done: never renewed again
+                if self.closed:
+                    self.thread = None
+                    return
+                now = time.monotonic()
+                if not self.heap:
+                    if idle_since is None:
+                        idle_since = now
+                    if now - idle_since >= self.idle:
+                        self.thread = None
+                        return
+                    self.cond.wait(self.idle - (now - idle_since))
+                    continue
+                idle_since = None
+                when, _, permit = self.heap[0]
+                if when > now:
+                    self.cond.wait(when - now)
+                    continue
+                heapq.heappop(self.heap)
+            nxt = permit._renew()  # outside the lock: one round trip
+            if nxt is not None:
+                self.schedule(time.monotonic() + nxt, permit)
+
+
+class Permit:
+    """One admitted call; a context manager. Call done() exactly once with
+    the call's exception (None on success), or use it in a with block.
+
+    lost is an Event set when the lease expired before it could be renewed:
+    the fleet no longer counts the call, and a long call should check it and
+    stop (raise, and the call is released as cancelled)."""
+
+    def __init__(self, guard: "Guard", job: Job, adm: Optional[P.Admission], sent: float, local: bool = False):
+        self._g = guard
+        self.job = job
+        self.local = local
+        self.member = adm.member if adm else ""
+        self.epoch = adm.epoch if adm else 0
+        self.limit = adm.limit if adm else 0
+        self.state = adm.state if adm else ""
+        self._probe_epoch = self.epoch if (adm and adm.state == P.HALF_OPEN) else 0
+        self.lost = threading.Event()
+        self.lifetime_exceeded = False
+        self._lock = threading.Lock()
+        self._done = False
+        self._expires = sent + guard.lease_ttl
+        self._end_of_life = sent + guard.max_call_lifetime
+        if not local:
+            guard._renewer.schedule(min(sent + guard.lease_ttl / 3, self._end_of_life), self)
+
+    @property
+    def attempt(self) -> int:
+        return max(self.job.attempt, 1)
+
+    # -- renewal (renewer thread) ----------------------------------------
+
+    def _renew(self) -> Optional[float]:
+        """One renewal; the delay to the next, or None to stop."""
+        g = self._g
+        with self._lock:
+            if self._done:
+                return None
+            now = time.monotonic()
+            if now >= self._end_of_life:
+                self.lifetime_exceeded = True
+                self.lost.set()
+                return None
+            if now >= self._expires:
+                self._lose()
+                return None
+            sent = time.monotonic()
+            try:
+                held = g.proto.renew(self.member, g._ttl_ms, timeout=g.redis_timeout)
+            except Exception:
+                g.metrics.redis_errors.inc()
+                return self._next(min(g.lease_ttl / 6, max(self._expires - time.monotonic(), 0)))
+            if not held:
+                self._lose()
+                return None
+            self._expires = sent + g.lease_ttl
+            g.renewals += 1
+            return self._next(g.lease_ttl / 3)
+
+    def _next(self, d: float) -> float:
+        return max(min(d, self._end_of_life - time.monotonic()), 0)
+
+    def _lose(self) -> None:
+        self._g.metrics.lease_lost.inc()
+        self.lost.set()
+
+    def _finish(self) -> bool:
+        with self._lock:
+            if self._done:
+                return False
+            self._done = True
+            return True
+
+    # -- the end of the call ---------------------------------------------
+
+    def __enter__(self) -> "Permit":
+        return self
+
+    def __exit__(self, et, exc, tb) -> bool:
+        if self._done:
+            return False  # the block called done() itself
+        if exc is None:
+            self.done(None)
+        elif not isinstance(exc, Exception):
+            self.abandon()  # KeyboardInterrupt, SystemExit, ...: re-raised as is
+        else:
+            self.done(exc)  # raises the guard's decision, from exc
+        return False
+
+    def abandon(self) -> None:
+        """Release the slot of a call that ended without done() (interrupted),
+        counting nothing against the dependency. Nothing after done()."""
+        if self._finish():
+            self._release(P.CANCELLED)
+
+    def done(self, exc: Optional[BaseException] = None) -> None:
+        """Release the slot and report the outcome in one round trip, then
+        decide: return on success; raise the wrapped error of a Permanent;
+        raise Cancelled or LeaseLost (DEFER) for a call cut short by its
+        caller or a lost lease (released as cancelled: no budget spent); or
+        raise CallFailed (RETRY, after a jittered backoff, no earlier than a
+        RetryAfter) or BudgetExhausted (PARK) from exc."""
+        if not self._finish():
+            raise RuntimeError("permit is already done")
+        g = self._g
+        outcome = self._outcome(exc)
+        if outcome not in P.OUTCOMES:
+            self._release(P.CANCELLED)
+            raise ValueError(f"classify returned the unknown outcome {outcome!r} (want s, f, t or c): the call counted nothing") from exc
+        self._release(outcome)
+        if exc is None:
+            return None  # done, even if the lease was lost meanwhile
+        if isinstance(exc, E.Permanent):
+            raise (exc.error if exc.error is not None else exc)
+        if outcome == P.CANCELLED:
+            cls = E.LeaseLost if (self.lost.is_set() and not self.lifetime_exceeded) else E.Cancelled
+            if isinstance(exc, E.Cancelled) and exc.after > 0:
+                after = exc.after
+            else:
+                after = g._jitter_up(g.defer_delay)
+            raise cls(after, cause=exc) from exc
+        g._decide_retry(self.job, exc)
+
+    def _outcome(self, exc: Optional[BaseException]) -> str:
+        if exc is None or isinstance(exc, E.Permanent):
+            return P.SUCCESS
+        if isinstance(exc, E.Cancelled):
+            return P.CANCELLED
+        if self.lifetime_exceeded:
+            return P.TIMEOUT
+        if self.lost.is_set():
+            return P.CANCELLED
+        return self._g.classify(exc)
+
+    def _release(self, outcome: str) -> None:
+        g = self._g
+        g.metrics.call(outcome, self.attempt)
+        if self.local:
+            g._local.release()
+            return
+        try:
+            g.proto.release(self.member, outcome, self.attempt, self._probe_epoch, timeout=g.redis_timeout)
+        except BaseException as e:
+            # It may not have run: the lease lasts at most a TTL from now.
+            g._forget.add(self.member, time.monotonic() + g.lease_ttl)
+            if not isinstance(e, Exception):
+                raise  # an interrupt goes on, its lease forgotten
+            g.metrics.redis_errors.inc()
+
+
+def default_classify(exc: BaseException) -> str:
+    """A TimeoutError (socket.timeout too) is a timeout; anything else a failure."""
+    return P.TIMEOUT if isinstance(exc, TimeoutError) else P.FAILURE
+
+
+class Guard:
+    """Enforces one dependency's fleet-wide limits; safe for use from many
+    threads. Create one per dependency and process, and share it.
+
+    redis_client must be a redis.Redis (or a Sentinel master client) with
+    socket_timeout or socket_connect_timeout set, so that connecting is
+    bounded; each round trip is bounded by redis_timeout on its own.
+    Durations are seconds; see pkg/guard.Options for each one's reasoning:
+    lease_ttl (30), redis_timeout (0.25), max_call_lifetime (600),
+    wait_for_slot (False) and max_wait (0 = unbounded), fail_open_limit (0:
+    fail closed), job_ttl (86400), defer_delay (1), throttle_delay (0.2),
+    classify (exception -> 's'|'f'|'t'|'c'), registry (prometheus_client's
+    default registry when installed; None for no metrics), rand (a
+    random.Random)."""
+
+    def __init__(self, redis_client, dependency: str, *, lease_ttl: float = 30.0,
+                 redis_timeout: float = 0.25, max_call_lifetime: float = 600.0,
+                 wait_for_slot: bool = False, max_wait: float = 0.0, fail_open_limit: int = 0,
+                 job_ttl: float = 86400.0, defer_delay: float = 1.0, throttle_delay: float = 0.2,
+                 classify: Optional[Callable[[BaseException], str]] = None,
+                 registry=M.DEFAULT, rand=None, now: Callable[[], float] = time.time):
+        if redis_client is None:
+            raise ValueError("redis client must not be None")
+        for name, v in (("lease_ttl", lease_ttl), ("redis_timeout", redis_timeout),
+                        ("max_call_lifetime", max_call_lifetime), ("max_wait", max_wait),
+                        ("job_ttl", job_ttl), ("defer_delay", defer_delay), ("throttle_delay", throttle_delay)):
+            if v < 0:
+                raise ValueError(f"{name} must not be negative, got {v}")
+        if lease_ttl < 0.01:
+            raise ValueError(f"lease_ttl must be at least 10ms, got {lease_ttl}")
+        if redis_timeout <= 0:
+            raise ValueError(f"redis_timeout must be positive, got {redis_timeout}")
+        if fail_open_limit < 0:
+            raise ValueError(f"fail_open_limit must not be negative, got {fail_open_limit}")
+        _check_client(redis_client)
+        self.proto = P.Client(redis_client, dependency)
+        self.dependency = str(self.proto.dep)
+        self.lease_ttl = lease_ttl
+        self._ttl_ms = max(int(lease_ttl * 1000), 1)
+        self.redis_timeout = redis_timeout
+        self.max_call_lifetime = max_call_lifetime
+        self.wait_for_slot = wait_for_slot
+        self.max_wait = max_wait
+        self.job_ttl = job_ttl
+        self.defer_delay = defer_delay
+        self.throttle_delay = throttle_delay
+        self.classify = classify or default_classify
+        self.rnd = rand or _random.Random()
+        self._rnd_lock = threading.Lock()
+        self.now = now
+        self.metrics = M.Metrics(self.dependency, registry)
+        self.clock = RedisClock()
+        self._forget = _Forgetter(self.proto, redis_timeout, self.metrics)
+        self._renewer = _Renewer()
+        self._local = threading.BoundedSemaphore(fail_open_limit) if fail_open_limit > 0 else None
+        self._backoff_lock = threading.Lock()
+        self.last_backoff = R.FALLBACK
+        self.renewals = 0  # successful lease renewals, for tests
+
+    def close(self) -> None:
+        """Stop the background threads (forgetter, renewer). Leases not yet
+        forgotten expire with their TTL, and so do the leases of calls still
+        running (no more renewals): close the guard once its calls have
+        ended. Safe to call more than once."""
+        self._forget.close()
+        self._renewer.close()
+
+    def __enter__(self) -> "Guard":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    # -- the call path ----------------------------------------------------
+
+    def call(self, fn: Callable[[], object], job: Optional[Job] = None):
+        """Run fn() once under the fleet's protections and return its result,
+        or raise: a SpillwayError saying what to do with the job (see
+        decide()), or a Permanent's wrapped error. An interrupt
+        (KeyboardInterrupt, SystemExit) releases the slot, counting nothing,
+        and goes on to the caller."""
+        if fn is None:
+            raise ValueError("function must not be None")
+        permit = self.acquire(job)
+        try:
+            result = fn()
+        except Exception as exc:
+            permit.done(exc)
+            raise  # unreachable: done raised
+        except BaseException:
+            permit.abandon()
+            raise
+        permit.done(None)
+        return result
+
+    def slot(self, job: Optional[Job] = None) -> Permit:
+        """A fleet slot as a context manager: ``with guard.slot(job) as p:``."""
+        return self.acquire(job)
+
+    def supersede(self, key: str, version: int) -> None:
+        """Announce that version of the job key exists (call it when the newer
+        job is enqueued), so queued older versions are dropped unrun."""
+        try:
+            self.proto.supersede(key, version, int(self.job_ttl * 1000), timeout=self.redis_timeout)
+        except (P.RedisUnsent, P.RedisUnread):
+            self.metrics.redis_errors.inc()
+            raise
+
+    def acquire(self, job: Optional[Job] = None) -> Permit:
+        """Admit one call (a Permit: call done() once, or use it in a with
+        block) or raise the refusal."""
+        job = job or Job()
+        if job.attempt < 0:
+            raise ValueError(f"job attempt must not be negative, got {job.attempt}")
+        if job.deadline is not None and self.now() >= job.deadline:
+            self.metrics.stale.inc()
+            raise E.Stale()
+        if job.key and not 0 <= job.version <= P.MAX_JOB_VERSION:
+            raise ValueError(f"job version must be in [0, 2^53), got {job.version}")
+        start = time.monotonic()
+        stop_waiting = start + self.max_wait if self.max_wait > 0 else None
+        pause = 0.0
+        while True:
+            try:
+                adm, sent = self._acquire_once(job)
+            except (P.NoPolicyError, P.VersionError) as e:
+                refusal = E.NoPolicy(self._jitter_up(self.defer_delay), cause=e)
+                self._count(refusal)
+                raise refusal from e
+            except (P.RedisUnsent, P.RedisUnread, redis.RedisError) as e:
+                return self._unavailable(job, e)
+            refusal = self._refusal(adm)
+            if refusal is None:
+                self.metrics.slot_wait.observe(time.monotonic() - start)
+                return Permit(self, job, adm, sent)
+            if not self.wait_for_slot or refusal.action != E.DEFER or isinstance(refusal, E.BreakerOpen):
+                self._count(refusal)
+                raise refusal
+            # Wait without hot polling: capped exponential steps with full
+            # jitter, never past the hint the server gave.
+            pause = min(max(2 * pause, 0.005), 0.25)
+            sleep = self._rand() * pause
+            if 0 < refusal.after < sleep:
+                sleep = refusal.after
+            if stop_waiting is not None and time.monotonic() + sleep >= stop_waiting:
+                self._count(refusal)
+                raise refusal
+            time.sleep(sleep)
+
+    def _acquire_once(self, job: Job):
+        """Ask Redis for a slot under a fresh lease id, with the Redis time
+        after which the reply would no longer be read. A reply not read (a
+        timeout, a broken connection, an interrupt) hands the lease to the
+        forgetter; a reply that came in time but was refused as late means
+        Redis's clock moved: the estimate restarts and the request is made
+        once more."""
+        for retried in (False, True):
+            lease = P.new_lease_id()  # never reuse an id that may be forgotten
+            sent = time.monotonic()
+            deadline_ms, late = self.clock.deadline(sent, self.redis_timeout)
+            try:
+                adm = self.proto.acquire(lease, self._ttl_ms, deadline_ms, job.key, job.version,
+                                         int(self.job_ttl * 1000), timeout=self.redis_timeout)
+            except (P.NoPolicyError, P.VersionError, P.RedisUnsent, redis.ResponseError):
+                raise  # Redis answered, or never saw it: nothing written
+            except BaseException:
+                # If it ran, it ran by its deadline: its lease ends a TTL later.
+                self._forget.add(lease, sent + late + self.lease_ttl)
+                raise
+            if adm.code == P.REFUSED_LATE:
+                self.clock.reset(sent, adm.now_ms)
+                if not retried:
+                    continue
+            else:
+                self.clock.observe(sent, adm.now_ms)
+            return adm, sent
+
+    def _refusal(self, adm: P.Admission) -> Optional[E.SpillwayError]:
+        if adm.code == P.ADMITTED:
+            return None
+        if adm.code == P.REFUSED_OPEN:
+            # Past open_until the breaker waits for the controller: never hint 0.
+            return E.BreakerOpen(self._jitter_up(max(adm.wait_ms / 1000, self.throttle_delay)))
+        if adm.code == P.REFUSED_THROTTLED:
+            d = self.throttle_delay
+            if adm.wait_ms > 0:
+                d = min(adm.wait_ms / 1000, d)  # the first lease expires sooner
+            return E.Throttled(d / 2 + self._rand() * d / 2, detail=f"{adm.held} held, limit {adm.limit}")
+        if adm.code == P.REFUSED_RATE:
+            return E.RateLimited(self._jitter_up(adm.wait_ms / 1000))
+        if adm.code == P.REFUSED_SUPERSEDED:
+            return E.Superseded(detail=f"newest version {adm.newest}")
+        if adm.code == P.REFUSED_LATE:
+            return E.RedisUnavailable(self._jitter_up(self.defer_delay),
+                                      detail="redis refused the acquisition as late twice: its clock is not where the guard estimates it")
+        return E.RedisUnavailable(self._jitter_up(self.defer_delay), detail=f"unknown admission code {adm.code}")
+
+    def _count(self, e: E.SpillwayError) -> None:
+        if isinstance(e, E.Superseded):
+            self.metrics.superseded.inc()
+            return
+        for cls, reason in ((E.Throttled, "slots"), (E.RateLimited, "rate"), (E.BreakerOpen, "open"),
+                            (E.RedisUnavailable, "redis_unavailable"), (E.NoPolicy, "no_policy")):
+            if isinstance(e, cls):
+                self.metrics.throttled(reason)
+
+    def _unavailable(self, job: Job, err: BaseException) -> Permit:
+        """Redis did not answer: fail closed, unless the local cap admits."""
+        self.metrics.redis_errors.inc()
+        if self._local is not None and self._local.acquire(blocking=False):
+            self.metrics.fail_open.inc()
+            return Permit(self, job, None, time.monotonic(), local=True)
+        refusal = E.RedisUnavailable(self._jitter_up(self.defer_delay), cause=err)
+        self._count(refusal)
+        raise refusal from err
+
+    def _decide_retry(self, job: Job, exc: BaseException) -> None:
+        """Ask the fleet's retry budget whether a failed job may retry, and
+        when; raise the answer from exc."""
+        try:
+            d = self.proto.budget(timeout=self.redis_timeout)
+        except Exception as e:
+            # Without Redis the budget is unknown: park rather than pile on.
+            self.metrics.redis_errors.inc()
+            self.metrics.budget_refusals.inc()
+            with self._backoff_lock:
+                b = self.last_backoff
+            raise E.BudgetExhausted(self._draw(lambda r: R.park(b, r)), cause=exc,
+                                    detail=f"the budget could not be read: {e!r}") from exc
+        b = R.Backoff(d.backoff_base_ms / 1000, d.backoff_max_ms / 1000, d.jitter or R.FULL)
+        if not b.valid():
+            b = R.FALLBACK
+        with self._backoff_lock:
+            self.last_backoff = b
+        if not d.allowed:
+            self.metrics.budget_refusals.inc()
+            raise E.BudgetExhausted(self._draw(lambda r: R.park(b, r)), cause=exc) from exc
+        self.metrics.retries.inc()
+        after = self._draw(lambda r: b.delay(max(job.attempt, 1), r))
+        if isinstance(exc, E.RetryAfter):
+            after = max(after, self._draw(lambda r: R.retry_after(exc.after, r)))
+        raise E.CallFailed(after, cause=exc) from exc
+
+    # -- randomness ------------------------------------------------------
+
+    def _rand(self) -> float:
+        with self._rnd_lock:
+            return self.rnd.random()
+
+    def _draw(self, f):
+        with self._rnd_lock:
+            return f(self.rnd)
+
+    def _jitter_up(self, d: float) -> float:
+        return self._draw(lambda r: R.retry_after(d, r))
+
+
+def _check_client(rdb) -> None:
+    """Refuse a client that could wait forever to connect: the guard bounds
+    each round trip itself, but connecting is the pool's."""
+    pool = getattr(rdb, "connection_pool", None)
+    if pool is None:
+        return
+    kw = getattr(pool, "connection_kwargs", {}) or {}
+    if kw.get("socket_timeout") is None and kw.get("socket_connect_timeout") is None:
+        raise ValueError("redis client must set socket_timeout or socket_connect_timeout, "
+                         "so that connecting to a Redis that does not answer is bounded")

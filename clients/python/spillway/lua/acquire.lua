@@ -1,0 +1,111 @@
+-- acquire: admit one call, or say why not.
+-- KEYS[1] state  KEYS[2] leases  KEYS[3] gcra  KEYS[4] probes  [KEYS[5] job]
+-- ARGV[1] lease id  ARGV[2] lease ttl ms  ARGV[3] deadline ms (Redis time, 0
+-- for none)  [ARGV[4] job version  ARGV[5] job ttl ms]
+-- Returns {code, ..., now ms}: 0 admitted {0, epoch, limit, state, now}, the
+-- lease member being the lease id; 1 open {1, ms until probes, now}; 2
+-- throttled {2, ms until the first lease expires, held, limit, now}; 3 rate
+-- {3, ms to wait, now}; 4 superseded {4, newest version, now}; 5 no policy
+-- {5}; 6 protocol version mismatch {6, version}; 7 late {7, now}.
+local now = now_us()
+local now_ms = math.floor(now / 1000)
+
+-- A request that reaches Redis after its deadline was queued (behind a slow
+-- script, in the socket of a paused server) while its caller gave up on the
+-- reply: it must take nothing, or its lease would hold a slot that no call
+-- uses for the whole lease ttl.
+local deadline = tonumber(ARGV[3]) or 0
+if deadline > 0 and now_ms > deadline then return {7, now_ms} end
+
+local st = redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
+  'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
+  'stale_after_ms', 'half_open_probes')
+if not st[1] then return {5} end
+if st[1] ~= '3' then return {6, tonumber(st[1]) or -1} end
+
+if KEYS[5] then
+  local newest = redis.call('GET', KEYS[5])
+  if newest and tonumber(newest) > tonumber(ARGV[4]) then return {4, newest, now_ms} end
+end
+
+local state = st[2]
+local limit = math.floor(tonumber(st[3]) or 0)
+-- The dead-man rule: an Open or HalfOpen that no manager has published for
+-- stale_after_ms (the manager is dead, unschedulable or partitioned from
+-- Redis) admits the policy's probes, at most half_open_probes calls in
+-- flight, until a manager publishes again. The fleet then trickles at the
+-- probe rate instead of refusing every call for as long as the manager is
+-- gone (Open), or once the epoch's probes are spent (HalfOpen: nobody reads
+-- their outcomes to start the next epoch).
+local stale = false
+if state == 'Open' or state == 'HalfOpen' then
+  local stale_after = tonumber(st[9]) or 0
+  local updated = tonumber(st[8])
+  stale = stale_after > 0 and updated ~= nil and now_ms > updated + stale_after
+end
+if stale then
+  limit = math.floor(tonumber(st[10]) or 1)
+  state = 'Stale'
+elseif state == 'Open' then
+  local until_ms = tonumber(st[7]) or now_ms
+  return {1, math.max(0, until_ms - now_ms), now_ms}
+end
+
+local now_key = int(now_ms)
+local probing = state == 'HalfOpen'
+local held = 0
+if probing then
+  -- HalfOpen admits `limit` probe calls per epoch in all, not `limit` at a
+  -- time: a probe that fails fast must not make room for the next one before
+  -- the controller has seen the failure. A new epoch clears the probes hash.
+  -- Leases of earlier epochs (calls admitted before the outage that still
+  -- run) do not count: they would keep the probes out until they end.
+  if (tonumber(redis.call('HGET', KEYS[4], 'admitted')) or 0) >= limit then
+    return {2, 0, 0, limit, now_ms}
+  end
+else
+  -- Live leases are those that expire after now. Expired ones no longer
+  -- count; they are swept here only when the call is refused (the admission
+  -- path stays at one sorted-set read and one write), and by window. The
+  -- sweep spares the encoding member, scored -inf (see the ZADD below).
+  held = redis.call('ZCOUNT', KEYS[2], '(' .. now_key, '+inf')
+  if held >= limit then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '(-inf', now_key)
+    local first = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now_key, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    local wait = 0
+    if first[2] then wait = tonumber(first[2]) - now_ms end
+    return {2, wait, held, limit, now_ms}
+  end
+end
+
+local interval = math.floor(tonumber(st[5]) or 0)
+if interval > 0 then
+  local burst = math.max(1, math.floor(tonumber(st[6]) or 1))
+  local tat = tonumber(redis.call('GET', KEYS[3])) or now
+  if tat < now then tat = now end
+  local allow_at = tat - (burst - 1) * interval
+  if allow_at > now then return {3, math.ceil((allow_at - now) / 1000), now_ms} end
+  local next_tat = tat + interval
+  redis.call('SET', KEYS[3], int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
+end
+
+if probing then redis.call('HINCRBY', KEYS[4], 'admitted', 1) end
+-- The ZADD is NX: a lease forgotten before its acquisition ran (forget.lua)
+-- stays expired. With no live lease the set may be new: the same ZADD then
+-- adds the member 'encoding:…', scored -inf so that it never counts, whose
+-- name is longer than zset-max-listpack-value (64 bytes by default). Redis
+-- then keeps the set as a skiplist, where ZCOUNT, ZADD and ZREM are
+-- O(log n), instead of a listpack of up to 128 leases that each of them
+-- scans.
+local expiry = int(now_ms + tonumber(ARGV[2]))
+if held == 0 then
+  redis.call('ZADD', KEYS[2], 'NX', '-inf',
+    'encoding: this member is longer than 64 bytes so that Redis keeps a skiplist',
+    expiry, ARGV[1])
+else
+  redis.call('ZADD', KEYS[2], 'NX', expiry, ARGV[1])
+end
+if KEYS[5] then
+  redis.call('SET', KEYS[5], ARGV[4], 'PX', ARGV[5])
+end
+return {0, tonumber(st[4]), limit, st[2], now_ms}
