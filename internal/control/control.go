@@ -428,5 +428,8 @@ func rampMessage(p policy.Params, r *ramp.Ramp) string {
 	if r.Done() {
 		return fmt.Sprintf("Ramp complete: limit %d (full capacity)", r.Limit())
 	}
+	if r.Limit() < p.Ramp.Steps[r.Step()] {
+		return fmt.Sprintf("Ramp climbing back to its first step (%d): limit %d", p.Ramp.Steps[0], r.Limit())
+	}
 	return fmt.Sprintf("Ramp step %d of %d: limit %d", r.Step()+1, len(p.Ramp.Steps), r.Limit())
 }
