@@ -142,8 +142,9 @@ const (
 // with 95% confidence (the lower bound of the one-sided Wilson score
 // interval); it holds, without moving up, while the observed failure ratio is
 // at least failureRatio; and it moves up after a clean stepDuration. A step
-// back goes to the previous step, or from the first step to half its limit
-// (at least 1). The limit that failed is a ceiling: the ramp moves up to it
+// back goes to the previous step; from the first step, to the highest power
+// of two below it, then on down by halves to 1 (the ramp climbs back by
+// doubling). The limit that failed is a ceiling: the ramp moves up to it
 // again only after stepDuration × 2^n clean, n being the step backs since the
 // ceiling was last held clean, at most 8 × stepDuration. The first quarter of
 // stepDuration (at most 10s) after a step back is not judged: calls admitted

@@ -375,9 +375,9 @@ func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker
 	if started.IsZero() || started.After(clk.Now()) {
 		started = clk.Now()
 	}
-	snap := ramp.Snapshot{Step: step, StepStarted: started}
-	if prev.State == protocol.Ramping || b.State() != breaker.Closed {
-		snap.Limit, snap.Ceiling, snap.Backoffs, snap.Settling = prev.RampLimit, prev.RampCeiling, prev.RampBackoffs, prev.RampSettling
+	snap := ramp.Snapshot{
+		Step: step, StepStarted: started,
+		Limit: prev.RampLimit, Ceiling: prev.RampCeiling, Backoffs: prev.RampBackoffs, Settling: prev.RampSettling,
 	}
 	r := ramp.Restore(p.Ramp, clk, snap)
 	return b, r

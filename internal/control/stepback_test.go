@@ -1,6 +1,8 @@
 package control
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -69,16 +71,17 @@ func TestPlanStepBackTransitions(t *testing.T) {
 }
 
 // TestPlanStepBackBelowTheFirstStep: a cold capacity below the first step
-// halves the limit until the calls stop failing, and the ramp climbs back by
-// doubling.
+// steps back through the powers of two below it until the calls stop
+// failing, and the ramp climbs back by doubling through the same limits.
 func TestPlanStepBackBelowTheFirstStep(t *testing.T) {
 	e := listening(ramp.Ramping, 40)
 	toRamping(t, e, 5)
 	runSteps(t, e, []step{
-		{name: "5 fails", advance: 3 * time.Second, window: sixth, state: protocol.Ramping, limit: 2, epoch: 4, events: []string{EventRampStepBack}},
-		{name: "2 fails", advance: 13 * time.Second, window: sixth, state: protocol.Ramping, limit: 1, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "5 fails: 4", advance: 3 * time.Second, window: sixth, state: protocol.Ramping, limit: 4, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "4 fails: 2", advance: 13 * time.Second, window: sixth, state: protocol.Ramping, limit: 2, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "2 fails: 1", advance: 13 * time.Second, window: sixth, state: protocol.Ramping, limit: 1, epoch: 4, events: []string{EventRampStepBack}},
 		{name: "nothing below 1", advance: 13 * time.Second, window: sixth, state: protocol.Ramping, limit: 1, epoch: 4},
-		{name: "2 again after 4 clean minutes", advance: 4 * time.Minute, window: healthy, state: protocol.Ramping, limit: 2, epoch: 4, events: []string{EventRampStep}},
+		{name: "2 again after 8 clean minutes", advance: 8 * time.Minute, window: healthy, state: protocol.Ramping, limit: 2, epoch: 4, events: []string{EventRampStep}},
 		{name: "4", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 4, epoch: 4, events: []string{EventRampStep}},
 		{name: "5", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 5, epoch: 4, events: []string{EventRampStep}},
 	})
@@ -173,14 +176,11 @@ func TestPlanStepBackSurvivesRestarts(t *testing.T) {
 	e := listening(ramp.Ramping, 40)
 	toRamping(t, e, 5)
 	e.now = e.now.Add(3 * time.Second)
-	e.eval(sixth, protocol.Probes{}) // 5 -> 2, ceiling 5
-	g.Expect(e.pub.Limit).To(Equal(int64(2)))
-
-	// From Redis: the next plans keep it all. Below the ceiling the ramp
-	// climbs at its pace; the ceiling itself waits twice as long.
-	e.now = e.now.Add(time.Minute)
-	e.eval(healthy, protocol.Probes{})
+	e.eval(sixth, protocol.Probes{}) // 5 -> 4, ceiling 5
 	g.Expect(e.pub.Limit).To(Equal(int64(4)))
+
+	// From Redis: the next plans keep it all: one clean minute is not
+	// enough to try the ceiling again.
 	e.now = e.now.Add(time.Minute)
 	e.eval(healthy, protocol.Probes{})
 	g.Expect(e.pub.Limit).To(Equal(int64(4)), "one clean minute is not enough to try 5 again")
@@ -210,8 +210,9 @@ func TestPlanPartialFailureStepsBackBeforeTheBreaker(t *testing.T) {
 	e := listening(ramp.Ramping, 40)
 	toRamping(t, e, 5)
 	runSteps(t, e, []step{
-		{name: "80% fast rejections, 20 served: step back", advance: time.Second, window: rejecting, state: protocol.Ramping, limit: 2, epoch: 4, events: []string{EventRampStepBack}},
-		{name: "settled, 80% again: step back", advance: 11 * time.Second, window: rejecting, state: protocol.Ramping, limit: 1, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "80% fast rejections, 20 served: step back", advance: time.Second, window: rejecting, state: protocol.Ramping, limit: 4, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "settled, 80% again: step back", advance: 11 * time.Second, window: rejecting, state: protocol.Ramping, limit: 2, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "and again", advance: 11 * time.Second, window: rejecting, state: protocol.Ramping, limit: 1, epoch: 4, events: []string{EventRampStepBack}},
 		{name: "at 1 nothing is below: the breaker opens", advance: 11 * time.Second, window: rejecting, state: protocol.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
 	})
 
@@ -226,4 +227,95 @@ func TestPlanPartialFailureStepsBackBeforeTheBreaker(t *testing.T) {
 	runSteps(t, e, []step{
 		{name: "Never: the breaker opens", advance: time.Second, window: rejecting, state: protocol.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
 	})
+}
+
+// TestStepBackConverges runs the control law for an hour against a fluid
+// dependency that stays cold at capacity c: each second the calls within c
+// succeed (10 per slot, 100 ms calls) and those beyond it fail after a 1 s
+// timeout (1 per slot). For every c the limit settles on the highest limit
+// of the ramp at or below c (powers of two below the first step): the limit above
+// it is probed again after 2, 4, then every 8 minutes, never sooner, each
+// probe lasting seconds; the limit is above c for under 2% of the hour, and
+// the breaker never opens.
+func TestStepBackConverges(t *testing.T) {
+	for _, c := range []int64{1, 3, 4, 6, 12, 30} {
+		t.Run(fmt.Sprintf("cold capacity %d", c), func(t *testing.T) {
+			e := listening(ramp.Ramping, 40) // steps 5, 10, 20, 40
+			e.now = t0.Truncate(time.Second)
+			e.pub = Restore(e.params, protocol.Ramping, 0, e.now, e.now)
+			var okAt, failedAt []int64 // per second since t0
+			window := func() protocol.Window {
+				from := WindowStart(e.params, e.pub, e.now).Add(-time.Second)
+				var w protocol.Window
+				for s := max(int64(from.Sub(t0)/time.Second)+1, 0); s < int64(len(okAt)); s++ {
+					w.Successes += okAt[s]
+					w.Failures += failedAt[s]
+				}
+				w.Calls = w.Successes + w.Failures
+				return w
+			}
+			var above, probes int
+			lastBack := map[int64]time.Time{} // by the limit stepped back from
+			var gaps []time.Duration
+			limits := map[int64]bool{}
+			for range 3600 {
+				limit := e.pub.Limit
+				okAt = append(okAt, 10*min(limit, c))
+				failedAt = append(failedAt, max(limit-c, 0))
+				if limit > c {
+					above++
+				}
+				e.now = e.now.Add(time.Second)
+				out := e.eval(window(), protocol.Probes{})
+				for _, tr := range out.Transitions {
+					switch tr.Reason {
+					case EventRampStepBack:
+						probes++
+						if at, ok := lastBack[limit]; ok {
+							gaps = append(gaps, e.now.Sub(at))
+						}
+						lastBack[limit] = e.now
+					case EventOpened:
+						t.Fatalf("the breaker opened at %v: %s", e.now.Sub(t0), tr.Message)
+					}
+				}
+				if e.now.Sub(t0) > 30*time.Minute {
+					limits[e.pub.Limit] = true
+				}
+			}
+			settled := int64(1)
+			for _, s := range []int64{2, 4, 5, 10, 20, 40} { // powers of two below the first step
+				if s <= c {
+					settled = s
+				}
+			}
+			t.Logf("c=%d: %d step backs, gaps %v, above c %d s of 3600, limits in the last half hour %v", c, probes, gaps, above, keys(limits))
+			if float64(above) > 0.02*3600 {
+				t.Errorf("above the cold capacity %d s of 3600, want under 2%%", above)
+			}
+			for i, g := range gaps {
+				want := time.Minute << min(i+1, ramp.MaxBackoffs)
+				if g < want {
+					t.Errorf("probe %d came %v after the previous one, want at least %v", i+2, g, want)
+				}
+			}
+			for l := range limits {
+				if l <= c && l != settled {
+					t.Errorf("limits in the last half hour %v, want %d and probes above %d", keys(limits), settled, c)
+				}
+			}
+			if !limits[settled] {
+				t.Errorf("limits in the last half hour %v, want %d", keys(limits), settled)
+			}
+		})
+	}
+}
+
+func keys(m map[int64]bool) []int64 {
+	var ks []int64
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
 }

@@ -154,8 +154,8 @@ func New(s Schedule, clk Clock) *Ramp {
 // clamped into [0, len(Steps)-1]; a StepStarted later than clk.Now() (clock
 // skew between replicas) is clamped to clk.Now(). A Limit outside
 // [1, Steps[0]) or at a Step above 0 is ignored, Backoffs is clamped into
-// [0, MaxBackoffs] and a Ceiling below the limit, or at full capacity, is
-// dropped (it was written for other steps).
+// [0, MaxBackoffs] and a Ceiling below the limit is dropped (it was written
+// for other steps).
 func Restore(s Schedule, clk Clock, snap Snapshot) *Ramp {
 	r := &Ramp{
 		steps:    append([]int64(nil), s.Steps...),
@@ -172,7 +172,7 @@ func Restore(s Schedule, clk Clock, snap Snapshot) *Ramp {
 	if len(r.steps) > 0 && r.step == 0 && snap.Limit >= 1 && snap.Limit < r.steps[0] {
 		r.below = snap.Limit
 	}
-	if snap.Ceiling >= r.limit() && !r.done() {
+	if snap.Ceiling >= r.limit() {
 		r.ceiling = snap.Ceiling
 	} else {
 		r.backoffs = 0
@@ -183,10 +183,11 @@ func Restore(s Schedule, clk Clock, snap Snapshot) *Ramp {
 // Advance moves up one step if the current step has lasted at least its
 // hold time (Hold) and the ramp is not at its last step; the new step starts
 // at clk.Now(), not at the scheduled boundary. It reports whether it
-// advanced. Below the first step (after stepping back from it) a step up
-// doubles the limit, up to the first step. Moving up from a limit at or above
-// the ceiling, which has now been held clean, or to full capacity clears the
-// ceiling.
+// advanced. Below the first step (after stepping back from it) the limits are
+// the powers of two below it, and a step up doubles the limit, up to the
+// first step. A limit at or above the ceiling that has lasted
+// its hold time has been held clean: Advance clears the ceiling, at full
+// capacity too (where it does not move).
 //
 // Advance moves at most one step per call, even after a long gap: a restarted
 // controller continues conservatively rather than jumping to full capacity.
@@ -196,34 +197,34 @@ func Restore(s Schedule, clk Clock, snap Snapshot) *Ramp {
 func (r *Ramp) Advance() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.done() {
-		return false
-	}
 	now := r.clk.Now()
-	if now.Sub(r.started) < r.hold() {
+	if len(r.steps) == 0 || now.Sub(r.started) < r.hold() {
 		return false
 	}
 	if r.ceiling > 0 && r.limit() >= r.ceiling {
 		r.ceiling, r.backoffs = 0, 0
 	}
+	if r.done() {
+		return false
+	}
 	if r.below > 0 {
-		r.below *= 2
+		r.below = r.next()
 		if r.below >= r.steps[0] {
 			r.below = 0
 		}
 	} else {
 		r.step++
 	}
-	if r.done() {
-		r.ceiling, r.backoffs = 0, 0
-	}
 	r.started = now
 	r.settling = false
 	return true
 }
 
-// StepBack moves down from a limit that fails: to the step below it, or,
-// from the first step, to half the limit (at least 1). The limit that failed
+// StepBack moves down from a limit that fails: to the step below it; from the
+// first step, to the highest power of two below it; below the first step, to
+// half the limit. The limits below the first step are the powers of two the
+// climb back doubles through, so a step back returns to the limit the ramp
+// came from. The limit that failed
 // becomes the ceiling, and the hold before it is tried again doubles (Hold).
 // The new step starts at clk.Now() and is Settling. It reports false, and
 // changes nothing, at a limit of 1 or less: there is nothing below to step
@@ -241,7 +242,10 @@ func (r *Ramp) StepBack() bool {
 	case r.step > 0:
 		r.step--
 	default:
-		r.below = max(1, failed/2)
+		r.below = 1
+		for r.below*2 < failed {
+			r.below *= 2
+		}
 	}
 	r.ceiling = failed
 	r.backoffs = min(r.backoffs+1, MaxBackoffs)
@@ -260,13 +264,14 @@ func (r *Ramp) Hold() time.Duration {
 }
 
 func (r *Ramp) hold() time.Duration {
-	if r.ceiling > 0 && !r.done() && r.limit() < r.ceiling && r.next() >= r.ceiling {
+	if r.ceiling > 0 && r.limit() < r.ceiling && r.next() >= r.ceiling {
 		return r.stepDur << r.backoffs
 	}
 	return r.stepDur
 }
 
-// next is the limit Advance would move to.
+// next is the limit Advance would move to: below the first step, twice the
+// limit, at most the first step.
 func (r *Ramp) next() int64 {
 	if r.below > 0 {
 		return min(2*r.below, r.steps[0])

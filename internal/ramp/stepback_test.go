@@ -173,14 +173,16 @@ func TestStepBackTransitions(t *testing.T) {
 		// From full capacity (mode Always): back to 20.
 		{wait: time.Second, do: "back", ok: true, want: state{limit: 20, step: 2, ceiling: 40, backoffs: 1, settling: true}},
 		{wait: time.Second, do: "restart", want: state{limit: 5}},
-		// The first step fails: half of it, then half again, then 1.
-		{wait: time.Second, do: "back", ok: true, want: state{limit: 2, ceiling: 5, backoffs: 1, settling: true}},
-		{wait: time.Second, do: "back", ok: true, want: state{limit: 1, ceiling: 2, backoffs: 2, settling: true}},
+		// The first step fails: the highest power of two below it, then
+		// halves, down to 1.
+		{wait: time.Second, do: "back", ok: true, want: state{limit: 4, ceiling: 5, backoffs: 1, settling: true}},
+		{wait: time.Second, do: "back", ok: true, want: state{limit: 2, ceiling: 4, backoffs: 2, settling: true}},
+		{wait: time.Second, do: "back", ok: true, want: state{limit: 1, ceiling: 2, backoffs: 3, settling: true}},
 		// Nothing below 1: the breaker decides.
-		{wait: time.Second, do: "back", ok: false, want: state{limit: 1, ceiling: 2, backoffs: 2, settling: true}},
-		// Up from 1 to the ceiling 2 after 4 minutes ...
-		{wait: 3 * time.Minute, do: "up", ok: false, want: state{limit: 1, ceiling: 2, backoffs: 2, settling: true}},
-		{wait: time.Minute, do: "up", ok: true, want: state{limit: 2, ceiling: 2, backoffs: 2}},
+		{wait: time.Second, do: "back", ok: false, want: state{limit: 1, ceiling: 2, backoffs: 3, settling: true}},
+		// Up from 1 to the ceiling 2 after 8 minutes (the cap) ...
+		{wait: 7 * time.Minute, do: "up", ok: false, want: state{limit: 1, ceiling: 2, backoffs: 3, settling: true}},
+		{wait: time.Minute, do: "up", ok: true, want: state{limit: 2, ceiling: 2, backoffs: 3}},
 		// ... then doubling up to the first step, one clean minute each: 2
 		// was held.
 		{wait: time.Minute, do: "up", ok: true, want: state{limit: 4}},
@@ -203,6 +205,32 @@ func TestStepBackTransitions(t *testing.T) {
 		if got := stateOf(r); got != o.want {
 			t.Fatalf("op %d (%s after %v): state %+v, want %+v", i, o.do, o.wait, got, o.want)
 		}
+	}
+}
+
+// TestCeilingAtFullCapacity: full capacity that failed and is reached again
+// keeps its ceiling, so a second failure there doubles the hold again; held
+// clean for a step duration, the ceiling is cleared.
+func TestCeilingAtFullCapacity(t *testing.T) {
+	clk := newClock()
+	r := Restore(seed(), clk, Snapshot{Step: 3, StepStarted: clk.Now()})
+	r.StepBack() // 40 -> 20, ceiling 40
+	clk.Advance(2 * time.Minute)
+	if !r.Advance() || !r.Done() {
+		t.Fatalf("not back at full capacity after 2 clean minutes: %+v", stateOf(r))
+	}
+	r.StepBack()
+	if got := stateOf(r); got != (state{limit: 20, step: 2, ceiling: 40, backoffs: 2, settling: true}) {
+		t.Fatalf("second failure at full capacity: %+v, want backoffs 2", got)
+	}
+	clk.Advance(4 * time.Minute)
+	r.Advance()
+	clk.Advance(time.Minute)
+	if r.Advance() {
+		t.Fatal("Advance moved past full capacity")
+	}
+	if got := stateOf(r); got != (state{limit: 40, step: 3, done: true}) {
+		t.Fatalf("held clean at full capacity for a minute: %+v, want the ceiling cleared", got)
 	}
 }
 
@@ -239,8 +267,8 @@ func TestHoldIsCapped(t *testing.T) {
 func TestStepBackSnapshotRoundTrip(t *testing.T) {
 	clk := newClock()
 	r := New(seed(), clk)
-	r.StepBack() // 5 -> 2
-	r.StepBack() // 2 -> 1
+	r.StepBack() // 5 -> 4
+	r.StepBack() // 4 -> 2
 	snap := r.Snapshot()
 	clk.Advance(time.Second)
 	got := Restore(seed(), clk, snap)
@@ -257,7 +285,7 @@ func TestStepBackSnapshotRoundTrip(t *testing.T) {
 		{name: "a limit at or above the first step is ignored", snap: Snapshot{Limit: 5}, want: state{limit: 5}},
 		{name: "a ceiling below the limit is dropped", snap: Snapshot{Step: 2, Ceiling: 10, Backoffs: 2}, want: state{limit: 20, step: 2}},
 		{name: "a ceiling at the limit is kept", snap: Snapshot{Step: 2, Ceiling: 20, Backoffs: 2}, want: state{limit: 20, step: 2, ceiling: 20, backoffs: 2}},
-		{name: "no ceiling at full capacity", snap: Snapshot{Step: 3, Ceiling: 40, Backoffs: 1}, want: state{limit: 40, step: 3, done: true}},
+		{name: "a ceiling at full capacity is kept until held", snap: Snapshot{Step: 3, Ceiling: 40, Backoffs: 1}, want: state{limit: 40, step: 3, ceiling: 40, backoffs: 1, done: true}},
 		{name: "backoffs are clamped", snap: Snapshot{Ceiling: 10, Backoffs: 99}, want: state{limit: 5, ceiling: 10, backoffs: MaxBackoffs}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

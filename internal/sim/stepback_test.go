@@ -17,7 +17,7 @@ var hindsight = map[string]struct {
 	factor float64
 }{
 	"cold-small": {steps: []int32{1, 2}, step: "4m", factor: 1.1},
-	"cold-tenth": {steps: []int32{4, 40}, step: "3m", factor: 2},
+	"cold-tenth": {steps: []int32{4, 40}, step: "3m", factor: 1.1},
 	"cold-step":  {steps: []int32{6, 20}, step: "2m", factor: 2.5},
 }
 
