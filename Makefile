@@ -1,6 +1,8 @@
 # Spillway. Everything a fresh machine with only Go needs is built or installed
 # by the targets below: envtest binaries from the Go module proxy, redis-server
-# from Debian's packages.
+# from Debian's packages. Each setup step prints one line ("building etcd
+# v3.6.16... done in 31s", nothing once cached) and its tools' output only when
+# it fails; SPILLWAY_VERBOSE=1 shows that output as it comes (hack/step.sh).
 
 SHELL := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
@@ -10,7 +12,7 @@ ETCD_VERSION ?= 3.6.16
 SPILLWAY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/spillway
 ENVTEST_ASSETS := $(SPILLWAY_CACHE)/envtest/$(K8S_VERSION)
 export KUBEBUILDER_ASSETS := $(ENVTEST_ASSETS)
-export K8S_VERSION ETCD_VERSION SPILLWAY_CACHE
+export K8S_VERSION ETCD_VERSION SPILLWAY_CACHE SPILLWAY_VERBOSE
 
 CONTROLLER_GEN := go tool controller-gen
 TEST_FLAGS ?= -count=1 -timeout=30m
@@ -53,30 +55,39 @@ verify: generate manifests ## Fail when generated files, formatting or go.mod ar
 
 .PHONY: envtest
 envtest: ## Build kube-apiserver and etcd for envtest (cached in $(SPILLWAY_CACHE)).
-	hack/setup-envtest.sh >/dev/null
+	@hack/setup-envtest.sh >/dev/null
 
 .PHONY: redis
 redis: ## Install redis-server and redis-sentinel from Debian's packages when they are missing.
-	hack/setup-redis.sh
+	@hack/setup-redis.sh
+
+.PHONY: modules
+modules: ## Download the Go modules the build and tests need, when they are not in the module cache.
+	@GOPROXY=off go mod download >/dev/null 2>&1 || hack/step.sh "downloading Go modules" go mod download
+
+.PHONY: prometheus
+prometheus: ## Install Debian's prometheus server when it is missing (tests start their own on loopback).
+	@hack/setup-prometheus.sh
 
 .PHONY: python-test
 python-test: redis ## Run the Python client's tests on Debian's python3 (modules installed by hack/setup-python.sh).
-	hack/setup-python.sh
+	@hack/setup-python.sh
 	/usr/bin/python3 -m pytest clients/python/tests -q
 
 .PHONY: test
-test: envtest redis python-test ## Run every test against a real kube-apiserver, etcd and redis-server.
+test: envtest redis modules prometheus python-test ## Run every test against a real kube-apiserver, etcd and redis-server.
 	SPILLWAY_REQUIRE_PYTHON=1 go test $(TEST_FLAGS) ./...
 
 .PHONY: bench
-bench: envtest redis ## Run the benchmarks whose figures go in docs/benchmarks.md.
+bench: envtest redis modules ## Run the benchmarks whose figures go in docs/benchmarks.md.
 	go test $(BENCH_FLAGS) -bench=. ./...
 
 ##@ Build and run
 
 .PHONY: demo
-demo: envtest redis ## Replay an outage on loopback, live, and write spillway-demo.png.
-	go run ./cmd/spillway demo
+demo: envtest redis modules ## Replay an outage on loopback, live, and write spillway-demo.png.
+	@hack/step.sh "building the spillway CLI" go build -o bin/spillway ./cmd/spillway
+	@bin/spillway demo
 
 .PHONY: build
 build: ## Build the manager and the spillway CLI into bin/.

@@ -38,11 +38,12 @@ const (
 	EventRestored = "Restored"
 )
 
-// reconcileConsumers bounds each consumer of pol for state, and lets go of
-// the autoscalers pol bounded but no longer names. It returns one result per
-// consumer, in spec order, then one per autoscaler it failed to let go.
-func (r *PolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, state protocol.State) []consumerResult {
-	bounds := Bounds(params.Capacity, pol.Spec.Consumers)
+// reconcileConsumers bounds each consumer of pol for state and the limit
+// published with it, and lets go of the autoscalers pol bounded but no longer
+// names. It returns one result per consumer, in spec order, then one per
+// autoscaler it failed to let go.
+func (r *PolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, state protocol.State, limit int64) []consumerResult {
+	bounds := ConsumerBounds(params, state, limit, pol.Spec.Consumers)
 	pinning := control.PinsMinReplicas(params, state)
 	results := make([]consumerResult, 0, len(pol.Spec.Consumers))
 	named := make(map[consumerRef]bool, len(pol.Spec.Consumers))

@@ -43,6 +43,10 @@ type Evaluator struct {
 	// Evaluations is where the evaluator remembers each evaluation; the
 	// PolicyReconciler must be given the same. Required.
 	Evaluations *Evaluations
+	// Signals runs the policies' Prometheus queries in the background.
+	// Default: PrometheusHTTP, reading credentials Secrets with the manager's
+	// API reader (uncached).
+	Signals *Signals
 	// Options tune the evaluator.
 	Options Options
 
@@ -64,6 +68,9 @@ func (r *Evaluator) SetupWithManager(ctx context.Context, mgr ctrl.Manager) erro
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder(ControllerName)
 	}
+	if r.Signals == nil {
+		r.Signals = NewSignals(PrometheusHTTP{}, mgr.GetAPIReader())
+	}
 	r.setDefaults()
 	err := ctrl.NewControllerManagedBy(mgr).
 		For(&spillwayv1alpha1.DependencyPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -83,6 +90,9 @@ func (r *Evaluator) setDefaults() {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
 	}
+	if r.Signals == nil {
+		r.Signals = NewSignals(PrometheusHTTP{}, nil)
+	}
 	r.backoff = workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](r.Options.EvaluationInterval, r.Options.MaxRetryDelay)
 }
 
@@ -98,6 +108,7 @@ func (r *Evaluator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 	if err := r.Client.Get(ctx, key, pol); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.Evaluations.forget(key)
+			r.Signals.Forget(key)
 			r.backoff.Forget(key)
 			forgetPolicy(key)
 			return ctrl.Result{}, nil
@@ -160,8 +171,10 @@ const evaluationPriority = 0
 // ReasonStaleEpoch and the next one, an interval or more later, re-reads.
 func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, at time.Time) evaluation {
 	log := ctrl.LoggerFrom(ctx)
+	// The external signal's last answer, without waiting for a query.
+	external, signal := r.observeSignals(pol, params)
 	failed := func(reason string, err error) evaluation {
-		return evaluation{At: at, Err: &evalError{reason: reason, err: err}}
+		return evaluation{At: at, Err: &evalError{reason: reason, err: err}, Signal: signal}
 	}
 	pc, err := protocol.NewClient(r.Redis, protocol.Dependency{Namespace: pol.Namespace, Name: pol.Name})
 	if err != nil {
@@ -192,7 +205,7 @@ func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.Dependen
 		return failed(ReasonRedisUnavailable, err)
 	}
 
-	out := Plan(PlanInput{Params: params, Previous: prev, Window: window, Probes: probes, Now: redisNow, StaleAfter: r.Options.staleAfter()})
+	out := Plan(PlanInput{Params: params, Previous: prev, Window: window, Probes: probes, External: external, Now: redisNow, StaleAfter: r.Options.staleAfter()})
 
 	rctx, cancel = context.WithTimeout(ctx, r.Options.RedisTimeout)
 	_, err = pc.Publish(rctx, out.Next)
@@ -219,7 +232,7 @@ func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.Dependen
 		}
 		log.Info("Policy "+t.Reason, "from", t.From, "to", t.To, "limit", out.Next.Limit, "epoch", out.Next.Epoch, "message", t.Message)
 	}
-	return evaluation{Published: out.Next, Window: window, At: at}
+	return evaluation{Published: out.Next, Window: window, At: at, Signal: signal}
 }
 
 // evaluateInvalid is the evaluator's run for a policy whose spec cannot be

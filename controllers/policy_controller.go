@@ -198,7 +198,7 @@ func (r *PolicyReconciler) reconcile(ctx context.Context, pol *spillwayv1alpha1.
 		return r.reconcileInvalid(pol, obs, err)
 	}
 	obs.Params = params
-	obs.Consumers = r.reconcileConsumers(ctx, pol, params, obs.state(pol))
+	obs.Consumers = r.reconcileConsumers(ctx, pol, params, obs.state(pol), obs.limit(pol))
 
 	// Periodic runs and retries go after the work the evaluator triggers and
 	// ScaledObject changes: a transition's pins and status come first.

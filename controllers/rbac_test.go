@@ -6,9 +6,11 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
+	"github.com/spillway-dev/spillway/internal/promtest"
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/internal/testenv"
 	"github.com/spillway-dev/spillway/pkg/protocol"
@@ -125,4 +128,46 @@ func TestMetricsReaderRole(t *testing.T) {
 	g.Expect(review().Status.Allowed).To(BeFalse(), "nobody may scrape without the role")
 	bindClusterRole(t, g, &role, scraper)
 	g.Eventually(func() bool { return review().Status.Allowed }).Should(BeTrue())
+}
+
+// TestManagerRoleReadsOnlyNamedSecrets: the manager role may get Secrets,
+// which a Prometheus signal's credentials need, and neither list nor watch
+// them; get is enough, since the controller reads the one Secret a policy
+// names, uncached. Run as a user holding only the role, the manager reads
+// the token and queries a real Prometheus behind an authenticating proxy.
+func TestManagerRoleReadsOnlyNamedSecrets(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	var role rbacv1.ClusterRole
+	readRBAC(t, "role.yaml", &role)
+	var secretRules []rbacv1.PolicyRule
+	for _, rule := range role.Rules {
+		if slices.Contains(rule.APIGroups, "") {
+			secretRules = append(secretRules, rule)
+		}
+	}
+	g.Expect(secretRules).To(HaveLen(1), "one rule for the core group")
+	g.Expect(secretRules[0].Resources).To(Equal([]string{"secrets"}))
+	g.Expect(secretRules[0].Verbs).To(Equal([]string{"get"}), "get only: no list, no watch")
+
+	ns := newNamespace(t)
+	name := "spillway-manager-" + ns
+	bindClusterRole(t, g, &role, name)
+	user, err := env.Environment.AddUser(envtest.User{Name: name, Groups: []string{"system:authenticated"}}, nil)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	prom := promtest.Start(t)
+	g.Expect(env.Client.Create(t.Context(), &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "prometheus-credentials"},
+		Data:       map[string][]byte{"token": []byte("s3cret")},
+	})).To(Succeed())
+	srv := redistest.Start(t)
+	startManagerWithConfig(t, user.Config(), ns, managerRedis(srv), testOptions)
+	spec := prometheusSpec(bearerProxy(t, prom.URL(), "s3cret"))
+	spec.Signals.Prometheus.ErrorRatioQuery = "vector(0)"
+	spec.Signals.Prometheus.RateQuery = ""
+	spec.Signals.Prometheus.CredentialsSecretRef = &spillwayv1alpha1.SecretReference{Name: "prometheus-credentials"}
+	createPolicy(t, ns, "search", spec)
+	g.Eventually(conditionOf(ns, "search", ConditionSignalsHealthy)).WithTimeout(20 * time.Second).Should(Equal("True/Healthy"))
+	g.Eventually(conditionOf(ns, "search", ConditionReady)).Should(Equal("True/Evaluated"))
 }

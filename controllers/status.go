@@ -68,7 +68,12 @@ func updateStatus(pol *spillwayv1alpha1.DependencyPolicy, obs *observed) {
 	state := protocol.State(pol.Status.State)
 	consumers := consumersBoundedCondition(obs.Consumers)
 	setCondition(pol, consumers)
-	setCondition(pol, readySummary(ready, consumers))
+	ready = readySummary(ready, consumers)
+	if obs.Evaluated {
+		ready = readyWithSignals(ready, ev.Signal)
+		setSignalsCondition(pol, ev.Signal)
+	}
+	setCondition(pol, ready)
 	openUntil := time.Time{}
 	if obs.Evaluated && ev.Published.State == protocol.Open {
 		openUntil = ev.Published.OpenUntil

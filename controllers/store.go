@@ -30,6 +30,8 @@ type evaluation struct {
 	Generation int64
 	// Err is why the evaluation failed, nil when it published.
 	Err error
+	// Signal is the status of the policy's external signal (Signals).
+	Signal signalStatus
 }
 
 // Evaluations is what the Evaluator hands the PolicyReconciler: each policy's
@@ -65,7 +67,7 @@ func (s *Evaluations) remember(key types.NamespacedName, ev evaluation) bool {
 		ev.Published, ev.Window = prev.Published, prev.Window
 	}
 	s.last.Store(key, ev)
-	if evalReason(prev.Err) != evalReason(ev.Err) || prev.Generation != ev.Generation {
+	if evalReason(prev.Err) != evalReason(ev.Err) || prev.Generation != ev.Generation || prev.Signal.Reason != ev.Signal.Reason {
 		return true
 	}
 	p, n := prev.Published, ev.Published

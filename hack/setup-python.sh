@@ -5,13 +5,22 @@
 # Missing ones are installed from Debian's packages with apt-get; the index is
 # refreshed (apt-get update) only when the first install fails. The tests run
 # on Debian's interpreter, never on another python3 that may come first on
-# PATH, because these are Debian's packages. Safe to run any number of times;
-# one progress line goes to stderr.
+# PATH, because these are Debian's packages. Safe to run any number of times.
+# Prints nothing when the modules are there, else one line on stderr
+# ("installing Debian's python3-celery package(s)... done in 40s"); apt's own
+# output is shown only when it fails, or as it comes with SPILLWAY_VERBOSE=1
+# (see hack/step.sh).
+#
+# SPILLWAY_PYTHON replaces /usr/bin/python3 for hack/scripts_test.go, which
+# runs this script against a stand-in interpreter and apt-get; make does not
+# set it.
 set -euo pipefail
 
 log() { printf 'setup-python: %s\n' "$*" >&2; }
+# shellcheck source=hack/step.sh
+source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
 
-PYTHON=/usr/bin/python3
+PYTHON="${SPILLWAY_PYTHON:-/usr/bin/python3}"
 declare -A modules=(
   [redis]=python3-redis
   [celery]=python3-celery
@@ -51,13 +60,25 @@ if ! command -v apt-get >/dev/null 2>&1; then
   exit 1
 fi
 
-log "installing Debian's ${packages[*]}"
-export DEBIAN_FRONTEND=noninteractive
-install() { "${SUDO[@]}" apt-get install -y -qq -o DPkg::Lock::Timeout=120 --no-install-recommends "${packages[@]}" >/dev/null 2>&1; }
-if ! install; then
-  "${SUDO[@]}" apt-get update -qq -o DPkg::Lock::Timeout=120 >/dev/null 2>&1 || { log "apt-get update failed"; exit 1; }
-  install || { log "apt-get install ${packages[*]} failed"; exit 1; }
+if [ "${#SUDO[@]}" -gt 0 ]; then
+  # Ask for the password, if sudo wants one, before the quiet step below.
+  "${SUDO[@]}" -v || { log "sudo failed: install ${packages[*]} by hand"; exit 1; }
 fi
+
+# sudo drops the environment: pass DEBIAN_FRONTEND through env. Wait for
+# another apt (setup-redis.sh, setup-prometheus.sh) to release its lock. The
+# index is refreshed only when an install from the current one fails.
+apt=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120)
+# install N PACKAGE... APT-GET-COMMAND...
+install() {
+  local packages=("${@:2:$1}")
+  shift "$(($1 + 1))"
+  "$@" install -y --no-install-recommends "${packages[@]}" ||
+    { "$@" update && "$@" install -y --no-install-recommends "${packages[@]}"; }
+}
+export -f install
+step "installing Debian's ${packages[*]} package(s)" install "${#packages[@]}" "${packages[@]}" "${apt[@]}" ||
+  { log "apt-get install ${packages[*]} failed"; exit 1; }
 
 for module in "${!modules[@]}"; do
   "${PYTHON}" -c "import ${module}" >/dev/null 2>&1 || { log "${PYTHON} still cannot import ${module}"; exit 1; }

@@ -3,7 +3,10 @@
 # Debian's redis-server and redis-sentinel packages when they are not. The
 # integration tests start their own processes on free loopback ports (see
 # internal/redistest), so the system services the packages install are stopped
-# and left stopped. Safe to run any number of times; progress goes to stderr.
+# and left stopped. Safe to run any number of times. Prints nothing when the
+# programs are there, else one line on stderr ("installing Debian's
+# redis-server package... done in 40s"); apt's own output is shown only when
+# it fails, or as it comes with SPILLWAY_VERBOSE=1 (see hack/step.sh).
 #
 # redis-sentinel is the redis-server program started under another name
 # (Debian links both to the same binary), and `redis-server sentinel.conf
@@ -13,6 +16,8 @@
 set -euo pipefail
 
 log() { printf 'setup-redis: %s\n' "$*" >&2; }
+# shellcheck source=hack/step.sh
+source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
 
 packages=()
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
@@ -52,10 +57,16 @@ if ! command -v apt-get >/dev/null 2>&1; then
   cannot "apt-get not found: install redis-server (7 or newer) and redis-sentinel with your package manager"
 fi
 
-log "installing Debian's ${packages[*]} package(s)"
-export DEBIAN_FRONTEND=noninteractive
-"${SUDO[@]}" apt-get update >&2 || cannot "apt-get update failed"
-"${SUDO[@]}" apt-get install -y --no-install-recommends "${packages[@]}" >&2 || cannot "apt-get install ${packages[*]} failed"
+if [ "${#SUDO[@]}" -gt 0 ]; then
+  # Ask for the password, if sudo wants one, before the quiet steps below.
+  "${SUDO[@]}" -v || cannot "sudo failed: install the ${packages[*]} package(s) by hand"
+fi
+# sudo drops the environment: pass DEBIAN_FRONTEND through env. Wait for
+# another apt (unattended-upgrades, setup-python.sh) to release its lock.
+apt=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120)
+step "updating Debian's package lists" "${apt[@]}" update || cannot "apt-get update failed"
+step "installing Debian's ${packages[*]} package(s)" \
+  "${apt[@]}" install -y --no-install-recommends "${packages[@]}" || cannot "apt-get install ${packages[*]} failed"
 
 # The packages' post-install scripts may start the system services on ports
 # 6379 and 26379. The tests never use them, so stop them. Without a service
@@ -82,4 +93,3 @@ fi
 for bin in redis-server redis-cli redis-sentinel; do
   command -v "${bin}" >/dev/null 2>&1 || { log "${bin} still not on PATH after install"; exit 1; }
 done
-log "$(redis-server --version)"

@@ -33,6 +33,12 @@ type DependencyPolicySpec struct {
 	// +optional
 	Breaker Breaker `json:"breaker,omitempty"`
 
+	// signals are what the breaker opens on besides the outcomes workers
+	// report: a Prometheus query for the dependency's error ratio. When
+	// omitted, the breaker runs on the workers' outcomes alone.
+	// +optional
+	Signals *Signals `json:"signals,omitempty"`
+
 	// retryBudget bounds retries to a share of recent calls, across the fleet.
 	// Over budget, a failing job is parked for a long jittered delay instead of
 	// retried.
@@ -346,6 +352,18 @@ type Consumer struct {
 	// +kubebuilder:validation:Maximum=1000
 	// +optional
 	Weight int32 `json:"weight,omitempty"`
+
+	// limitedBy is how the workload's calls are held to the dependency's
+	// limit: Library when its workers use the Spillway library (the bound on
+	// its maximum replicas, a ScaledObject's maxReplicaCount or an HPA's
+	// maxReplicas, is the consumer's share of the capacity), or
+	// Replicas when they do not, so the bound follows the limit in force (the
+	// ramp step while Ramping, the first step while Open or HalfOpen) and the
+	// workload's concurrency follows the ramp through its replica count.
+	// Defaults to Library.
+	// +kubebuilder:default=Library
+	// +optional
+	LimitedBy LimitedBy `json:"limitedBy,omitempty"`
 }
 
 // BreakerState is the fleet's state for one dependency, as the controller
@@ -422,8 +440,9 @@ type DependencyPolicyStatus struct {
 	// +optional
 	Window ObservedWindow `json:"window,omitempty"`
 
-	// conditions are Ready, BreakerOpen, Ramping, ConsumersBounded and, while
-	// the spec cannot be used, Stalled.
+	// conditions are Ready, BreakerOpen, Ramping, ConsumersBounded,
+	// SignalsHealthy when the policy names a Prometheus signal and, while the
+	// spec cannot be used, Stalled.
 	// +listType=map
 	// +listMapKey=type
 	// +kubebuilder:validation:MaxItems=16

@@ -445,6 +445,7 @@ func TestDefaults(t *testing.T) {
 			ScaledObjectName: "email-render-workers",
 			SlotsPerReplica:  1,
 			Weight:           1,
+			LimitedBy:        spillwayv1alpha1.LimitedByLibrary,
 		}},
 		PinMinReplicasDuringOutage: ptr.To(true),
 	}))
@@ -672,8 +673,8 @@ consumers:
 	var got spillwayv1alpha1.DependencyPolicy
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(pol), &got)).To(Succeed())
 	g.Expect(got.Spec.Consumers).To(Equal([]spillwayv1alpha1.Consumer{
-		{ScaledObjectName: "workers", SlotsPerReplica: 2, Weight: 1},
-		{HorizontalPodAutoscalerName: "workers", SlotsPerReplica: 1, Weight: 3},
+		{ScaledObjectName: "workers", SlotsPerReplica: 2, Weight: 1, LimitedBy: spillwayv1alpha1.LimitedByLibrary},
+		{HorizontalPodAutoscalerName: "workers", SlotsPerReplica: 1, Weight: 3, LimitedBy: spillwayv1alpha1.LimitedByLibrary},
 	}))
 
 	// Server-side apply merges the list by both names: a second manager

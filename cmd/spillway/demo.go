@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"image/color"
 	"io"
 	"os"
 	"os/signal"
@@ -13,9 +12,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/vg"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/spillway-dev/spillway/internal/replay"
 )
@@ -37,11 +36,35 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := demo(ctx, stdout, *plotFile, *compare, *interval); err != nil {
+	logFile, err := logControllerToFile()
+	if err != nil {
 		fmt.Fprintln(stderr, "spillway demo:", err)
 		return exitFailure
 	}
+	if err := demo(ctx, stdout, *plotFile, *compare, *interval); err != nil {
+		fmt.Fprintln(stderr, "spillway demo:", err)
+		fmt.Fprintln(stderr, "The controller's log is in", logFile)
+		return exitFailure
+	}
+	_ = os.Remove(logFile)
 	return exitOK
+}
+
+// logControllerToFile sends the logs of the controller (controller-runtime)
+// and of client-go (klog) to a temporary file, so that the terminal shows the
+// replay, and so that controller-runtime does not print a stack trace about
+// log.SetLogger never being called. The demo keeps the file when it fails.
+// The file stays open until the process exits: the manager's goroutines may
+// still log while they stop.
+func logControllerToFile() (path string, err error) {
+	f, err := os.CreateTemp("", "spillway-demo-*.log")
+	if err != nil {
+		return "", fmt.Errorf("failed to create the controller's log file: %w", err)
+	}
+	logger := zap.New(zap.WriteTo(f))
+	ctrl.SetLogger(logger)
+	klog.SetLogger(logger)
+	return f.Name(), nil
 }
 
 func demo(ctx context.Context, out io.Writer, plotFile string, compare bool, interval time.Duration) error {
@@ -123,47 +146,4 @@ func writeReplaySummary(out io.Writer, cfg replay.Config, results []replay.Resul
 			r.Completed, r.Stale, r.Superseded, r.Parked, r.Pending, r.Lost, r.Calls)
 	}
 	_ = tw.Flush()
-}
-
-// plotReplay draws the calls the dependency received per second, for each
-// fleet, against its throughput at capacity.
-func plotReplay(file string, cfg replay.Config, results []replay.Result) error {
-	p := plot.New()
-	p.Title.Text = "Outage replay on loopback: calls reaching the dependency"
-	p.X.Label.Text = "seconds from the start (outage from " + fmt.Sprint(cfg.Warm.Seconds()) + " s for " + fmt.Sprint(cfg.Outage.Seconds()) + " s)"
-	p.Y.Label.Text = "calls per second (log scale)"
-	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.Legend.Top = true
-	colors := map[bool]color.Color{true: color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}, false: color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}}
-	end := 0.0
-	for _, r := range results {
-		pts := make(plotter.XYs, len(r.Samples))
-		for i, s := range r.Samples {
-			pts[i].X = s.At.Seconds()
-			pts[i].Y = max(s.ServedPerSec+s.FailedPerSec, 1) // log scale: quiet seconds sit at 1
-			end = max(end, pts[i].X)
-		}
-		line, err := plotter.NewLine(pts)
-		if err != nil {
-			return fmt.Errorf("failed to plot %s: %w", fleetName(r), err)
-		}
-		line.Color = colors[r.Protected]
-		line.Width = vg.Points(1.5)
-		p.Add(line)
-		p.Legend.Add(fleetName(r), line)
-	}
-	throughput := float64(cfg.Dependency.Capacity) / cfg.Dependency.ServiceTime.Seconds()
-	capacity, err := plotter.NewLine(plotter.XYs{{X: 0, Y: throughput}, {X: end, Y: throughput}})
-	if err != nil {
-		return err
-	}
-	capacity.Color = color.Black
-	capacity.Dashes = []vg.Length{vg.Points(6), vg.Points(4)}
-	p.Add(capacity)
-	p.Legend.Add("throughput at capacity", capacity)
-	if err := p.Save(10*vg.Inch, 5*vg.Inch, file); err != nil {
-		return fmt.Errorf("failed to write plot: %w", err)
-	}
-	return nil
 }

@@ -46,6 +46,10 @@ type Input struct {
 	// StaleAfter is the dead-man bound to publish (StaleAfter); 0 turns the
 	// rule off.
 	StaleAfter time.Duration
+	// External is the error ratio measured outside the fleet (a Prometheus
+	// query), combined with Window and Probes by withSignal; the zero Signal
+	// is none.
+	External Signal
 }
 
 // Transition is one change Plan made, for an Event and the metrics.
@@ -97,6 +101,10 @@ func (c fixedClock) Now() time.Time { return time.Time(c) }
 // outcomes count only for the HalfOpen epoch that admitted them, and on the
 // first publication (Previous.Epoch 0).
 //
+// An external signal (Input.External) opens the breaker as the workers'
+// outcomes do, and while half-open it can fail or pass the probes
+// (withSignal); an invalid one is ignored.
+//
 // Next carries Previous.Seq, the sequence number of the state the plan was
 // made from, which fences the publication (protocol.Published.Seq), and the
 // dead-man rule's fields: the policy's halfOpenProbes, and StaleAfter, which
@@ -121,31 +129,39 @@ func Plan(in Input) Output {
 		window = breaker.Counts{}
 	}
 
-	// The step-back rule's verdict on the current step. A step that fails
-	// while the dependency still serves part of its calls (at least
-	// MinFailures successes) is a partial failure: the ramp steps back
-	// instead of the breaker opening, as long as there is a lower limit to
-	// step back to. Fast rejections (a shedding or overloaded dependency's
-	// 503s) can fail most calls of a step above the cold capacity while it
-	// serves the rest; opening the breaker would drop the limit to 0 and
-	// start the ramp again at the same step.
+	// The step-back rule's verdict on the current step, from the workers'
+	// outcomes. A step that fails while the dependency still serves part of
+	// its calls (at least MinFailures successes) is a partial failure: the
+	// ramp steps back instead of the breaker opening, as long as there is a
+	// lower limit to step back to and no external signal says the
+	// dependency is failing. Fast rejections (a shedding or overloaded
+	// dependency's 503s) can fail most calls of a step above the cold
+	// capacity while it serves the rest; opening the breaker would drop the
+	// limit to 0 and start the ramp again at the same step.
 	verdict := ramp.Clean
 	if b.State() == breaker.Closed && judged(in.Params, r, in.Now) {
 		verdict = sb.Judge(window.Calls, window.Failures)
 	}
-	partial := verdict == ramp.Back && window.Calls-window.Failures >= sb.MinFailures && r.Limit() > 1
+
+	before := b.Snapshot()
+	counted, countedProbes, v := withSignal(in.Params, before, in.Now, window, probes, in.External)
+	partial := verdict == ramp.Back && window.Calls-window.Failures >= sb.MinFailures && r.Limit() > 1 && v != verdictFailing
 
 	var transitions []Transition
-	if t, ok := evaluateBreaker(b, window, probes, partial); ok {
+	if t, ok := evaluateBreaker(b, counted, countedProbes, partial); ok {
 		if t.To == breaker.Open || t.To == breaker.Closed {
 			r.Restart()
 		}
 		state := publishedState(b.State(), r)
+		msg := breakerMessage(in.Params, t, window, probes, r)
+		if v != verdictNone && decidedBySignal(in.Params, before, clk, window, probes, t) {
+			msg = signalMessage(in.Params, t, in.External, r)
+		}
 		transitions = append(transitions, Transition{
 			Reason:  breakerReason(t.To),
 			From:    prev.State,
 			To:      state,
-			Message: breakerMessage(in.Params, t, window, probes, r),
+			Message: msg,
 		})
 	} else if b.State() == breaker.Closed {
 		from := r.Limit()

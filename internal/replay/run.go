@@ -364,12 +364,13 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// String is one line of progress.
+// String is one line of progress. A fleet without a published state (no
+// Spillway) has no breaker and no limit: both show as "-", not as a limit of 0.
 func (s Sample) String() string {
-	state := s.State
+	state, limit := s.State, strconv.FormatInt(s.Limit, 10)
 	if state == "" {
-		state = "-"
+		state, limit = "-", "-"
 	}
-	return fmt.Sprintf("%6.1fs %-8s breaker=%-8s limit=%-3d replicas=%d [min %d max %d] backlog=%-5d queue=%-5d dependency %d/%d in flight, %.0f ok/s %.0f failed/s",
-		s.At.Seconds(), s.Phase, state, s.Limit, s.Replicas, s.MinReplicas, s.MaxReplicas, s.Backlog, s.Queue, s.InFlight, s.Capacity, s.ServedPerSec, s.FailedPerSec)
+	return fmt.Sprintf("%6.1fs %-8s breaker=%-8s limit=%-3s replicas=%d [min %d max %d] backlog=%-5d queue=%-5d dependency %d/%d in flight, %.0f ok/s %.0f failed/s",
+		s.At.Seconds(), s.Phase, state, limit, s.Replicas, s.MinReplicas, s.MaxReplicas, s.Backlog, s.Queue, s.InFlight, s.Capacity, s.ServedPerSec, s.FailedPerSec)
 }

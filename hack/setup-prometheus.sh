@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Makes sure a prometheus server binary is on PATH (or at $PROMETHEUS),
+# installing Debian's prometheus package (2.42 on bookworm) when it is not.
+# The tests start their own server on a free loopback port with a temporary
+# config and TSDB (see internal/promtest), so the system service the package
+# installs is stopped and left stopped. Safe to run any number of times.
+# Prints nothing when prometheus is there, else one line on stderr
+# ("installing Debian's prometheus package... done in 20s"); apt's own output
+# is shown only when it fails, or as it comes with SPILLWAY_VERBOSE=1 (see
+# hack/step.sh).
+set -euo pipefail
+
+log() { printf 'setup-prometheus: %s\n' "$*" >&2; }
+# shellcheck source=hack/step.sh
+source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
+
+if [ -n "${PROMETHEUS:-}" ] && [ -x "${PROMETHEUS}" ]; then
+  exit 0
+fi
+if command -v prometheus >/dev/null 2>&1; then
+  exit 0
+fi
+
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+  else
+    log "not root and sudo is not installed: install the prometheus package by hand, or set PROMETHEUS to a prometheus binary"
+    exit 1
+  fi
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  log "apt-get not found: install a prometheus server (2.x) with your package manager, or set PROMETHEUS to its binary"
+  exit 1
+fi
+if [ "${#SUDO[@]}" -gt 0 ]; then
+  # Ask for the password, if sudo wants one, before the quiet step below.
+  "${SUDO[@]}" -v || { log "sudo failed: install the prometheus package by hand"; exit 1; }
+fi
+
+# sudo drops the environment: pass DEBIAN_FRONTEND through env. Wait for
+# another apt (setup-redis.sh, setup-python.sh) to release its lock.
+apt=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120)
+install() {
+  "$@" update
+  "$@" install -y --no-install-recommends prometheus
+}
+export -f install
+step "installing Debian's prometheus package" install "${apt[@]}" || { log "apt-get install prometheus failed"; exit 1; }
+
+# The post-install script may start the system service on port 9090. The
+# tests never use it, so stop it, and keep it from coming back at boot.
+if command -v service >/dev/null 2>&1; then
+  "${SUDO[@]}" service prometheus stop >/dev/null 2>&1 || true
+fi
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  "${SUDO[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
+pidfile=/run/prometheus/prometheus.pid
+if [ -r "${pidfile}" ]; then
+  pid="$(cat "${pidfile}")"
+  if [ -n "${pid}" ] && kill -0 "${pid}" 2>/dev/null; then
+    "${SUDO[@]}" kill "${pid}" || true
+  fi
+fi
+
+command -v prometheus >/dev/null 2>&1 || { log "prometheus still not on PATH after install"; exit 1; }
