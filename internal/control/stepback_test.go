@@ -319,3 +319,19 @@ func keys(m map[int64]bool) []int64 {
 	slices.Sort(ks)
 	return ks
 }
+
+// TestPlanPartialFailureYieldsToAFailingSignal: an external signal that says
+// the dependency is failing opens the breaker even when the workers' outcomes
+// alone would be a partial failure the ramp steps back from.
+func TestPlanPartialFailureYieldsToAFailingSignal(t *testing.T) {
+	g := NewWithT(t)
+	e := listening(ramp.Ramping, 40)
+	toRamping(t, e, 5)
+	e.now = e.now.Add(31 * time.Second)
+	rejecting := protocol.Window{Calls: 100, Successes: 20, Failures: 80}
+	out := Plan(Input{Params: e.params, Previous: e.pub, Window: rejecting, Now: e.now,
+		External: Signal{Valid: true, Ratio: 0.9, Calls: -1}})
+	g.Expect(reasons(out)).To(Equal([]string{EventOpened}))
+	out = Plan(Input{Params: e.params, Previous: e.pub, Window: rejecting, Now: e.now})
+	g.Expect(reasons(out)).To(Equal([]string{EventRampStepBack}), "without the signal: a partial failure")
+}
