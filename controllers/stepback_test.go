@@ -36,28 +36,29 @@ func TestRampStepsBack(t *testing.T) {
 	g.Eventually(w.stateLimit()).Should(Equal("Ramping/5"))
 
 	// 1 call in 5 fails or times out at the first step: far below the
-	// breaker's 50%; the ramp steps back to half the step.
+	// breaker's 50%; the ramp steps back to the highest power of two below
+	// the step.
 	w.report(g, 12, protocol.Success)
 	w.report(g, 2, protocol.Failure)
 	w.report(g, 1, protocol.Timeout)
-	g.Eventually(w.stateLimit()).Should(Equal("Ramping/2"))
+	g.Eventually(w.stateLimit()).Should(Equal("Ramping/4"))
 	p := w.published(g)
 	g.Expect(p.RampCeiling).To(Equal(int64(5)))
-	g.Expect(p.RampLimit).To(Equal(int64(2)))
+	g.Expect(p.RampLimit).To(Equal(int64(4)))
 
 	g.Eventually(eventReasons(ns, "search")).Should(ContainElement(EventRampStepBack))
 	g.Eventually(conditionOf(ns, "search", ConditionRamping)).Should(Equal("True/SteppedBack"))
 	pol := getPolicy(g, ns, "search")
 	g.Expect(pol.Status.RampCeiling).To(Equal(int32(5)))
-	g.Expect(pol.Status.CurrentLimit).To(Equal(int32(2)))
-	g.Expect(conditionIn(pol, ConditionRamping).Message).To(ContainSubstring("limit 2, below limit 5"))
+	g.Expect(pol.Status.CurrentLimit).To(Equal(int32(4)))
+	g.Expect(conditionIn(pol, ConditionRamping).Message).To(ContainSubstring("limit 4, below limit 5"))
 
-	// Redis restarts empty: continued from status, at 2 below the ceiling 5,
+	// Redis restarts empty: continued from status, at 4 below the ceiling 5,
 	// not at the first step and not at full capacity.
 	srv.Stop()
 	g.Eventually(conditionOf(ns, "search", ConditionReady)).Should(Equal("False/RedisUnavailable"))
 	g.Expect(srv.Restart()).To(Succeed())
 	g.Eventually(conditionOf(ns, "search", ConditionReady)).Should(Equal("True/Evaluated"))
-	g.Consistently(w.stateLimit()).Should(Equal("Ramping/2"), "restored from status")
+	g.Consistently(w.stateLimit()).Should(Equal("Ramping/4"), "restored from status")
 	g.Expect(w.published(g).RampCeiling).To(Equal(int64(5)))
 }
