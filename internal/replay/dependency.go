@@ -56,6 +56,7 @@ type Dependency struct {
 	peak      atomic.Int64
 	served    atomic.Int64
 	failed    atomic.Int64
+	cancelled atomic.Int64 // calls whose caller gave up before they were served
 	overLimit atomic.Int64 // calls that arrived while more calls were in flight than any in-flight call's admitted limit
 
 	limitsMu sync.Mutex
@@ -137,6 +138,9 @@ type DependencyStats struct {
 	Peak     int64
 	Served   int64
 	Failed   int64
+	// Cancelled counts calls whose caller gave up before they were served: not
+	// failures of the dependency.
+	Cancelled int64
 	// Collapses counts the times sustained overload took it down: second
 	// outages.
 	Collapses int
@@ -155,6 +159,7 @@ func (d *Dependency) Stats() DependencyStats {
 		Peak:      d.peak.Load(),
 		Served:    d.served.Load(),
 		Failed:    d.failed.Load(),
+		Cancelled: d.cancelled.Load(),
 		Collapses: collapses,
 		OverLimit: d.overLimit.Load(),
 	}
@@ -182,7 +187,7 @@ func (d *Dependency) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	select {
 	case <-time.After(d.cfg.ServiceTime):
 	case <-r.Context().Done():
-		d.failed.Add(1)
+		d.cancelled.Add(1)
 		return
 	}
 	d.served.Add(1)

@@ -129,3 +129,28 @@ func TestDependencyCountsCallsOverTheLimitInForce(t *testing.T) {
 		t.Fatalf("three calls at limit 2 counted %d over the limit, want 1", n)
 	}
 }
+
+// A caller that gives up on a call (a worker scaled in, a job cancelled) is not
+// a failure of the dependency: the demo's "failed/s" and its plot count only
+// the calls the dependency refused.
+func TestDependencyCountsCancelledCallsApartFromFailures(t *testing.T) {
+	d, err := StartDependency(DependencyConfig{Capacity: 10, ServiceTime: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.URL(), nil)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		_ = resp.Body.Close()
+		t.Fatal("the call outlived its caller's deadline")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for d.Stats().Cancelled == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := d.Stats(); st.Cancelled != 1 || st.Failed != 0 || st.Served != 0 {
+		t.Fatalf("a call its caller gave up on: cancelled %d, failed %d, served %d; want 1, 0, 0", st.Cancelled, st.Failed, st.Served)
+	}
+}

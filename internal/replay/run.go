@@ -205,7 +205,9 @@ func (r *run) timeline(ctx context.Context) (Result, error) {
 			break
 		}
 	}
-	r.phase.Store("drained")
+	if res.DrainSeconds >= 0 {
+		r.phase.Store("drained")
+	}
 	// Let the fleet run at steady state a moment longer, to see that the
 	// dependency stays up.
 	sleep(ctx, time.Second)
