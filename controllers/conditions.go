@@ -74,6 +74,10 @@ const (
 	// ReasonRampInProgress (True): the breaker closed and the limit is below
 	// the capacity, climbing one step per clean stepDuration.
 	ReasonRampInProgress = "RampInProgress"
+	// ReasonSteppedBack (True): the ramp stepped back from a limit whose calls
+	// failed more than ramp.stepBack allows (status.rampCeiling); it climbs
+	// again, and tries that limit again after a longer clean hold.
+	ReasonSteppedBack = "SteppedBack"
 	// ReasonRampComplete (False): the limit is the full capacity.
 	ReasonRampComplete = "RampComplete"
 	// ReasonAwaitingRecovery (False): the breaker is Open or HalfOpen; the
@@ -231,17 +235,22 @@ func breakerOpenCondition(state wire.State, openUntil time.Time, probes int64) m
 	return c
 }
 
-// rampingCondition describes the ramp in state at step (from 0) of steps.
-func rampingCondition(state wire.State, step int, steps []int64) metav1.Condition {
+// rampingCondition describes the ramp in state at step (from 0) of steps,
+// with the limit in force and the ceiling its step backs left (0: none).
+func rampingCondition(state wire.State, step int, limit, ceiling int64, steps []int64) metav1.Condition {
 	c := metav1.Condition{Type: ConditionRamping}
 	switch state {
 	case wire.Ramping:
 		c.Status, c.Reason = metav1.ConditionTrue, ReasonRampInProgress
-		limit := int64(0)
-		if step >= 0 && step < len(steps) {
+		if limit <= 0 && step >= 0 && step < len(steps) {
 			limit = steps[step]
 		}
 		c.Message = fmt.Sprintf("Ramp step %d of %d: limit %d", step+1, len(steps), limit)
+		if ceiling > 0 {
+			c.Reason = ReasonSteppedBack
+			c.Message = fmt.Sprintf("Stepped back: limit %d, below limit %d, whose calls failed more than ramp.stepBack allows; limit %d is tried again after a longer clean hold (step %d of %d)",
+				limit, ceiling, ceiling, step+1, len(steps))
+		}
 	case wire.Closed:
 		c.Status, c.Reason = metav1.ConditionFalse, ReasonRampComplete
 		c.Message = "The limit is the full capacity"

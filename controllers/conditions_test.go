@@ -72,22 +72,26 @@ func TestBreakerOpenCondition(t *testing.T) {
 func TestRampingCondition(t *testing.T) {
 	steps := []int64{5, 10, 20, 40}
 	tests := []struct {
-		state   wire.State
-		step    int
-		status  metav1.ConditionStatus
-		reason  string
-		message string
+		state          wire.State
+		step           int
+		limit, ceiling int64
+		status         metav1.ConditionStatus
+		reason         string
+		message        string
 	}{
-		{wire.Ramping, 1, metav1.ConditionTrue, ReasonRampInProgress, "Ramp step 2 of 4: limit 10"},
-		{wire.Closed, 3, metav1.ConditionFalse, ReasonRampComplete, "full capacity"},
-		{wire.Open, 0, metav1.ConditionFalse, ReasonAwaitingRecovery, "when the breaker closes"},
-		{wire.HalfOpen, 0, metav1.ConditionFalse, ReasonAwaitingRecovery, "when the breaker closes"},
-		{"", 0, metav1.ConditionUnknown, ReasonNotEvaluated, "not been evaluated"},
+		{wire.Ramping, 1, 10, 0, metav1.ConditionTrue, ReasonRampInProgress, "Ramp step 2 of 4: limit 10"},
+		{wire.Ramping, 1, 0, 0, metav1.ConditionTrue, ReasonRampInProgress, "Ramp step 2 of 4: limit 10"},
+		{wire.Ramping, 1, 10, 20, metav1.ConditionTrue, ReasonSteppedBack, "Stepped back: limit 10, below limit 20, whose calls failed more than ramp.stepBack allows; limit 20 is tried again after a longer clean hold (step 2 of 4)"},
+		{wire.Ramping, 0, 2, 5, metav1.ConditionTrue, ReasonSteppedBack, "Stepped back: limit 2, below limit 5"},
+		{wire.Closed, 3, 40, 0, metav1.ConditionFalse, ReasonRampComplete, "full capacity"},
+		{wire.Open, 0, 0, 0, metav1.ConditionFalse, ReasonAwaitingRecovery, "when the breaker closes"},
+		{wire.HalfOpen, 0, 3, 0, metav1.ConditionFalse, ReasonAwaitingRecovery, "when the breaker closes"},
+		{"", 0, 0, 0, metav1.ConditionUnknown, ReasonNotEvaluated, "not been evaluated"},
 	}
 	for _, tt := range tests {
-		t.Run(string(tt.state), func(t *testing.T) {
+		t.Run(string(tt.state)+"/"+tt.reason, func(t *testing.T) {
 			g := NewWithT(t)
-			c := rampingCondition(tt.state, tt.step, steps)
+			c := rampingCondition(tt.state, tt.step, tt.limit, tt.ceiling, steps)
 			g.Expect(c.Type).To(Equal(ConditionRamping))
 			g.Expect(c.Status).To(Equal(tt.status))
 			g.Expect(c.Reason).To(Equal(tt.reason))

@@ -24,6 +24,9 @@ const (
 	EventClosed = control.EventClosed
 	// EventRampStep: the ramp moved up one step, or completed.
 	EventRampStep = control.EventRampStep
+	// EventRampStepBack: the ramp stepped back from a step whose calls
+	// failed more than ramp.stepBack allows.
+	EventRampStepBack = control.EventRampStepBack
 )
 
 type (
@@ -51,12 +54,19 @@ func Limit(p policy.Params, state wire.State, rampLimit int64) int64 {
 }
 
 // RestoreFromStatus is what the controller continues from when Redis holds no
-// state for the policy: the state, ramp step and last transition time the
-// controller last wrote to the policy's status (control.Restore).
+// state for the policy: the state, ramp step, limit, ramp ceiling and last
+// transition time the controller last wrote to the policy's status
+// (control.RestoreSaved), so that a step back survives too.
 func RestoreFromStatus(st spillwayv1alpha1.DependencyPolicyStatus, p policy.Params, now time.Time) protocol.Published {
 	var since time.Time
 	if st.LastTransitionTime != nil {
 		since = st.LastTransitionTime.Time
 	}
-	return control.Restore(p, wireState(st.State), int(st.RampStep), since, now)
+	return control.RestoreSaved(p, control.Saved{
+		State:          wireState(st.State),
+		RampStep:       int(st.RampStep),
+		Limit:          int64(st.CurrentLimit),
+		RampCeiling:    int64(st.RampCeiling),
+		LastTransition: since,
+	}, now)
 }

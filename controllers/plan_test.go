@@ -54,9 +54,9 @@ func TestRestoreFromStatus(t *testing.T) {
 		limit  int64
 	}{
 		{
-			name:   "never evaluated: closed at full capacity",
+			name:   "never evaluated: closed at full capacity, the ramp complete a step ago",
 			status: spillwayv1alpha1.DependencyPolicyStatus{},
-			want:   protocol.Published{State: wire.Closed, BreakerSince: now, RampStep: 3, RampStepStarted: now},
+			want:   protocol.Published{State: wire.Closed, BreakerSince: now, RampStep: 3, RampStepStarted: now.Add(-p.Ramp.StepDuration)},
 			limit:  40,
 		},
 		{
@@ -82,6 +82,22 @@ func TestRestoreFromStatus(t *testing.T) {
 			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateRamping, RampStep: 2, LastTransitionTime: ltt},
 			want:   protocol.Published{State: wire.Ramping, BreakerSince: t0, RampStep: 2, RampStepStarted: now},
 			limit:  20,
+		},
+		{
+			name: "a step back below the first step keeps its limit and ceiling",
+			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateRamping, RampStep: 0, CurrentLimit: 2, RampCeiling: 5,
+				LastTransitionTime: ltt},
+			want: protocol.Published{State: wire.Ramping, BreakerSince: t0, RampStep: 0, RampStepStarted: now,
+				RampLimit: 2, RampCeiling: 5, RampBackoffs: 1},
+			limit: 2,
+		},
+		{
+			name: "a step back to a step keeps its ceiling",
+			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateRamping, RampStep: 1, CurrentLimit: 10, RampCeiling: 20,
+				LastTransitionTime: ltt},
+			want: protocol.Published{State: wire.Ramping, BreakerSince: t0, RampStep: 1, RampStepStarted: now,
+				RampCeiling: 20, RampBackoffs: 1},
+			limit: 10,
 		},
 		{
 			name:   "a step beyond the schedule is clamped",

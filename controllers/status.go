@@ -44,7 +44,7 @@ func updateStatus(pol *spillwayv1alpha1.DependencyPolicy, obs *observed) {
 		if current && ev.Published.State != "" {
 			setPublishedStatus(&pol.Status, ev.Published, ev.Window, ev.At)
 			setCondition(pol, breakerOpenCondition(ev.Published.State, ev.Published.OpenUntil, 0))
-			setCondition(pol, rampingCondition(ev.Published.State, ev.Published.RampStep, nil))
+			setCondition(pol, rampingCondition(ev.Published.State, ev.Published.RampStep, ev.Published.Limit, ev.Published.RampCeiling, nil))
 		}
 		return
 	}
@@ -80,7 +80,7 @@ func updateStatus(pol *spillwayv1alpha1.DependencyPolicy, obs *observed) {
 		openUntil = ev.Published.OpenUntil
 	}
 	setCondition(pol, breakerOpenCondition(state, openUntil, obs.Params.Breaker.HalfOpenProbes))
-	setCondition(pol, rampingCondition(state, int(pol.Status.RampStep), obs.Params.Ramp.Steps))
+	setCondition(pol, rampingCondition(state, int(pol.Status.RampStep), int64(pol.Status.CurrentLimit), int64(pol.Status.RampCeiling), obs.Params.Ramp.Steps))
 }
 
 // setCondition sets c on pol's status at pol's generation.
@@ -117,6 +117,7 @@ func statusDue(old, cur spillwayv1alpha1.DependencyPolicyStatus, now time.Time, 
 	case old.State != cur.State,
 		old.CurrentLimit != cur.CurrentLimit,
 		old.RampStep != cur.RampStep,
+		old.RampCeiling != cur.RampCeiling,
 		old.ObservedGeneration != cur.ObservedGeneration,
 		!timesEqual(old.LastTransitionTime, cur.LastTransitionTime),
 		!conditionsEqual(old.Conditions, cur.Conditions):
@@ -151,6 +152,7 @@ func setPublishedStatus(st *spillwayv1alpha1.DependencyPolicyStatus, p protocol.
 	st.State = apiState(p.State)
 	st.CurrentLimit = int32(min(p.Limit, math.MaxInt32))
 	st.RampStep = int32(p.RampStep)
+	st.RampCeiling = int32(min(p.RampCeiling, math.MaxInt32))
 	st.LastTransitionTime = &metav1.Time{Time: transitionTime(p).Truncate(time.Second)}
 	st.Window = spillwayv1alpha1.ObservedWindow{
 		Calls:      w.Calls,

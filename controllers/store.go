@@ -71,7 +71,7 @@ func (s *Evaluations) remember(key types.NamespacedName, ev evaluation) bool {
 		return true
 	}
 	p, n := prev.Published, ev.Published
-	return published && (p.State != n.State || p.Limit != n.Limit || p.RampStep != n.RampStep || p.Epoch != n.Epoch)
+	return published && (p.State != n.State || p.Limit != n.Limit || p.RampStep != n.RampStep || p.RampCeiling != n.RampCeiling || p.Epoch != n.Epoch)
 }
 
 // lastEvaluation is the policy's last evaluation, if any since the manager

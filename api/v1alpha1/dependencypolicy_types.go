@@ -12,6 +12,7 @@ const DependencyPolicyKind = "DependencyPolicy"
 // autoscaled workloads call it.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.ramp) || !has(self.ramp.steps) || self.ramp.steps.all(s, s <= self.capacity.concurrency)",message="every ramp step must be at most capacity.concurrency",fieldPath=".ramp.steps"
+// +kubebuilder:validation:XValidation:rule="!has(self.ramp) || !has(self.ramp.stepBack) || !has(self.ramp.stepBack.failureRatio) || self.ramp.stepBack.failureRatio < (has(self.breaker) && has(self.breaker.failureRatio) ? self.breaker.failureRatio : 0.5)",message="ramp.stepBack.failureRatio must be below breaker.failureRatio: the ramp steps back on a partial failure, before the breaker opens",fieldPath=".ramp.stepBack.failureRatio"
 type DependencyPolicySpec struct {
 	// capacity is what the dependency can serve, for the whole fleet together.
 	// It is the limit in force once the breaker is closed and the ramp is done.
@@ -113,6 +114,75 @@ type Ramp struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('24h')",message="stepDuration must be a duration between 1s and 24h, such as 1m or 90s"
 	// +optional
 	StepDuration metav1.Duration `json:"stepDuration,omitzero"`
+
+	// stepBack is the rule that makes the ramp listen to the outcomes of each
+	// step: a step whose calls fail more than stepBack.failureRatio steps back
+	// before the breaker opens, and the limit that failed is tried again only
+	// after a longer clean hold. The defaults work without tuning.
+	// +kubebuilder:default={}
+	// +optional
+	StepBack RampStepBack `json:"stepBack,omitempty"`
+}
+
+// StepBackWhen says when the ramp's step-back rule applies.
+// +kubebuilder:validation:Enum=Never;Ramping;Always
+type StepBackWhen string
+
+const (
+	// StepBackNever is a fixed schedule: one step up per stepDuration,
+	// whatever the outcomes; only the breaker stops the ramp.
+	StepBackNever StepBackWhen = "Never"
+	// StepBackRamping holds and steps back while the ramp climbs, up to and
+	// including its first stepDuration at full capacity.
+	StepBackRamping StepBackWhen = "Ramping"
+	// StepBackAlways also steps back from full capacity at any time, as
+	// capacity discovery: a dependency that fails partially at
+	// capacity.concurrency gets the ramp back, below the limit that failed.
+	StepBackAlways StepBackWhen = "Always"
+)
+
+// RampStepBack is the ramp's step-back rule. Each step is judged on its own
+// calls and failures (failures and timeouts), counted since the step started
+// and over at most the breaker window. The step steps back when it holds at
+// least minFailures failures and the failure ratio is at least failureRatio
+// with 95% confidence (the lower bound of the one-sided Wilson score
+// interval); it holds, without moving up, while the observed failure ratio is
+// at least failureRatio; and it moves up after a clean stepDuration. A step
+// back goes to the previous step; from the first step, to the highest power
+// of two below it, then on down by halves to 1 (the ramp climbs back by
+// doubling). The limit that failed is a ceiling: the ramp moves up to it
+// again only after stepDuration × 2^n clean, n being the step backs since the
+// ceiling was last held clean, at most 8 × stepDuration. The first quarter of
+// stepDuration (at most 10s) after a step back is not judged: calls admitted
+// under the higher limit end then.
+type RampStepBack struct {
+	// when is Never, Ramping or Always. Ramping applies the rule while the
+	// ramp climbs, up to and including the first stepDuration at full
+	// capacity; Always also at full capacity later on (capacity discovery);
+	// Never is a fixed schedule. Defaults to Ramping.
+	// +kubebuilder:default=Ramping
+	// +optional
+	When StepBackWhen `json:"when,omitempty"`
+
+	// failureRatio is the share of failed calls a step must stay below, in
+	// (0, breaker.failureRatio). Set it above the dependency's normal failure
+	// ratio. Defaults to 0.01.
+	// +kubebuilder:default=0.01
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:ExclusiveMinimum=true
+	// +kubebuilder:validation:Maximum=1
+	// +kubebuilder:validation:ExclusiveMaximum=true
+	// +optional
+	FailureRatio float64 `json:"failureRatio,omitempty"`
+
+	// minFailures is the fewest failures that can step back, so that a
+	// single failure at low traffic never does, between 1 and 1000000.
+	// Defaults to 3.
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000
+	// +optional
+	MinFailures int32 `json:"minFailures,omitempty"`
 }
 
 // Breaker configures the fleet-wide circuit breaker.
@@ -355,6 +425,12 @@ type DependencyPolicyStatus struct {
 	// rampStep is the index of the current ramp step, from 0.
 	// +optional
 	RampStep int32 `json:"rampStep"`
+
+	// rampCeiling is the lowest ramp limit that failed (ramp.stepBack) and
+	// has not been held clean since; the ramp moves up to it again only
+	// after a longer hold. Absent when none.
+	// +optional
+	RampCeiling int32 `json:"rampCeiling,omitempty"`
 
 	// lastTransitionTime is when state last changed.
 	// +optional

@@ -182,6 +182,26 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 		spec: "capacity: {concurrency: 40}\nramp: {stepDuration: 0s}",
 		want: []string{"spec.ramp.stepDuration", "stepDuration must be a duration between 1s and 24h"},
 	}, {
+		name: "step-back ratio at the breaker's",
+		spec: "capacity: {concurrency: 40}\nramp: {stepBack: {failureRatio: 0.3}}\nbreaker: {failureRatio: 0.3}",
+		want: []string{"spec.ramp.stepBack.failureRatio", "ramp.stepBack.failureRatio must be below breaker.failureRatio"},
+	}, {
+		name: "step-back ratio above the default breaker's",
+		spec: "capacity: {concurrency: 40}\nramp: {stepBack: {failureRatio: 0.6}}",
+		want: []string{"spec.ramp.stepBack.failureRatio", "ramp.stepBack.failureRatio must be below breaker.failureRatio"},
+	}, {
+		name: "step-back ratio 0",
+		spec: "capacity: {concurrency: 40}\nramp: {stepBack: {failureRatio: 0}}",
+		want: []string{"spec.ramp.stepBack.failureRatio", "should be greater than 0"},
+	}, {
+		name: "step-back minFailures 0",
+		spec: "capacity: {concurrency: 40}\nramp: {stepBack: {minFailures: 0}}",
+		want: []string{"spec.ramp.stepBack.minFailures", "should be greater than or equal to 1"},
+	}, {
+		name: "step-back when unknown",
+		spec: "capacity: {concurrency: 40}\nramp: {stepBack: {when: Sometimes}}",
+		want: []string{"spec.ramp.stepBack.when", "Unsupported value"},
+	}, {
 		name: "failureRatio 0",
 		spec: "capacity: {concurrency: 40}\nbreaker: {failureRatio: 0}",
 		want: []string{"spec.breaker.failureRatio", "should be greater than 0"},
@@ -398,6 +418,11 @@ func TestDefaults(t *testing.T) {
 		Capacity: spillwayv1alpha1.Capacity{Concurrency: 40},
 		Ramp: spillwayv1alpha1.Ramp{
 			StepDuration: metav1.Duration{Duration: time.Minute},
+			StepBack: spillwayv1alpha1.RampStepBack{
+				When:         spillwayv1alpha1.StepBackRamping,
+				FailureRatio: 0.01,
+				MinFailures:  3,
+			},
 		},
 		Breaker: spillwayv1alpha1.Breaker{
 			FailureRatio:   0.5,
@@ -609,6 +634,7 @@ func TestTypedCreateGetsDefaults(t *testing.T) {
 	g.Expect(p.Spec.Breaker.HalfOpenProbes).To(Equal(int32(3)))
 	g.Expect(p.Spec.Backoff.Max.Duration).To(Equal(5 * time.Minute))
 	g.Expect(p.Spec.Ramp.StepDuration.Duration).To(Equal(time.Minute))
+	g.Expect(p.Spec.Ramp.StepBack).To(Equal(spillwayv1alpha1.RampStepBack{When: spillwayv1alpha1.StepBackRamping, FailureRatio: 0.01, MinFailures: 3}))
 }
 
 // Every maximum is accepted, and so are durations however Go writes them:
@@ -617,7 +643,7 @@ func TestMaximaAreAccepted(t *testing.T) {
 	g := NewWithT(t)
 	ns := newNamespace(t)
 	spec := `capacity: {concurrency: 2147483647, ratePerSecond: 1000000}
-ramp: {stepDuration: 24h0m0s}
+ramp: {stepDuration: 24h0m0s, stepBack: {when: Always, failureRatio: 0.49, minFailures: 1000000}}
 breaker: {minCalls: 1000000, window: 1h, openDuration: 23h59m60s}
 retryBudget: {window: 0.5h}
 backoff: {base: 1.5ms, max: 24h}

@@ -29,6 +29,9 @@ const (
 	EventClosed = "Closed"
 	// EventRampStep: the ramp moved up one step, or completed.
 	EventRampStep = "RampStep"
+	// EventRampStepBack: the current step failed more than the ramp's
+	// step-back rule allows (ramp.StepBack) and the ramp stepped back.
+	EventRampStepBack = "RampStepBack"
 )
 
 // Input is everything Plan decides from. The evaluator reads it all before
@@ -52,8 +55,8 @@ type Input struct {
 
 // Transition is one change Plan made, for an Event and the metrics.
 type Transition struct {
-	// Reason is one of EventOpened, EventHalfOpened, EventClosed and
-	// EventRampStep.
+	// Reason is one of EventOpened, EventHalfOpened, EventClosed,
+	// EventRampStep and EventRampStepBack.
 	Reason string
 	// From and To are the published states; they are equal for a ramp step
 	// inside Ramping.
@@ -71,7 +74,8 @@ type Output struct {
 	Transitions []Transition
 }
 
-// fixedClock is the instant a plan is made at.
+// fixedClock is the instant a plan is made at: a clock.Clock that stands
+// still.
 type fixedClock time.Time
 
 func (c fixedClock) Now() time.Time { return time.Time(c) }
@@ -83,7 +87,15 @@ func (c fixedClock) Now() time.Time { return time.Time(c) }
 // The breaker counts failures and timeouts as failures. When the breaker
 // closes, the ramp restarts from its first step (it is also reset when the
 // breaker opens, so status shows step 0 through an outage); while the breaker
-// stays closed the ramp climbs at most one step per evaluation. The published
+// stays closed the ramp moves at most one step per evaluation. With the
+// ramp's step-back rule on (ramp.StepBack), the window is the current step's
+// (WindowStart) and the rule judges it: Back steps back (Ramp.StepBack),
+// Hold keeps the step, Clean lets it climb once it has lasted its hold time;
+// while the step is settling after a step back, nothing is judged and the
+// window counts for neither the rule nor the breaker. A step the rule steps
+// back from while at least MinFailures of its calls succeeded is a partial
+// failure: it steps back instead of opening the breaker, unless the limit is
+// already 1. The published
 // state is the breaker's, except Ramping while the breaker is closed and the
 // ramp is not done. The limit is 0 when Open, breaker.halfOpenProbes when
 // HalfOpen, the ramp's step when Ramping and the capacity when Closed. The
@@ -114,11 +126,31 @@ func Plan(in Input) Output {
 		Failures: in.Probes.Failures + in.Probes.Timeouts,
 	}
 
+	sb := in.Params.Ramp.StepBack
+	if prev.State == wire.Ramping && judged(in.Params, r, in.Now) && in.Now.Before(settledAt(in.Params, r)) {
+		window = breaker.Counts{}
+	}
+
+	// The step-back rule's verdict on the current step, from the workers'
+	// outcomes. A step that fails while the dependency still serves part of
+	// its calls (at least MinFailures successes) is a partial failure: the
+	// ramp steps back instead of the breaker opening, as long as there is a
+	// lower limit to step back to and no external signal says the
+	// dependency is failing. Fast rejections (a shedding or overloaded
+	// dependency's 503s) can fail most calls of a step above the cold
+	// capacity while it serves the rest; opening the breaker would drop the
+	// limit to 0 and start the ramp again at the same step.
+	verdict := ramp.Clean
+	if b.State() == wire.Closed && judged(in.Params, r, in.Now) {
+		verdict = sb.Judge(window.Calls, window.Failures)
+	}
+
 	before := b.Snapshot()
 	counted, countedProbes, v := withSignal(in.Params, before, in.Now, window, probes, in.External)
+	partial := verdict == ramp.Back && window.Calls-window.Failures >= sb.MinFailures && r.Limit() > 1 && v != verdictFailing
 
 	var transitions []Transition
-	if t, ok := b.Evaluate(counted, countedProbes); ok {
+	if t, ok := evaluateBreaker(b, counted, countedProbes, partial); ok {
 		if t.To == wire.Open || t.To == wire.Closed {
 			r.Restart()
 		}
@@ -133,13 +165,24 @@ func Plan(in Input) Output {
 			To:      state,
 			Message: msg,
 		})
-	} else if b.State() == wire.Closed && r.Advance() {
-		transitions = append(transitions, Transition{
-			Reason:  EventRampStep,
-			From:    prev.State,
-			To:      publishedState(b.State(), r),
-			Message: rampMessage(in.Params, r),
-		})
+	} else if b.State() == wire.Closed {
+		from := r.Limit()
+		switch {
+		case verdict == ramp.Back && r.StepBack():
+			transitions = append(transitions, Transition{
+				Reason:  EventRampStepBack,
+				From:    prev.State,
+				To:      publishedState(b.State(), r),
+				Message: stepBackMessage(in.Params, window, from, r),
+			})
+		case verdict == ramp.Clean && r.Advance():
+			transitions = append(transitions, Transition{
+				Reason:  EventRampStep,
+				From:    prev.State,
+				To:      publishedState(b.State(), r),
+				Message: rampMessage(in.Params, r),
+			})
+		}
 	}
 
 	snap := b.Snapshot()
@@ -155,6 +198,10 @@ func Plan(in Input) Output {
 		BreakerSince:    snap.Since,
 		RampStep:        rs.Step,
 		RampStepStarted: rs.StepStarted,
+		RampLimit:       rs.Limit,
+		RampCeiling:     rs.Ceiling,
+		RampBackoffs:    rs.Backoffs,
+		RampSettling:    rs.Settling,
 		HalfOpenProbes:  in.Params.Breaker.HalfOpenProbes,
 		StaleAfter:      in.StaleAfter,
 		Seq:             prev.Seq,
@@ -174,10 +221,61 @@ func Plan(in Input) Output {
 
 // WindowStart is where the evaluator starts counting the window Plan reads:
 // max(now - breaker window, the breaker's last transition), so failures from
-// before the breaker last closed never reopen it.
+// before the breaker last closed never reopen it. While the step-back rule
+// judges a step of the ramp (Ramping, and the first StepDuration at full
+// capacity), the window is also the step's: it starts no earlier than the
+// step did, and, for a step entered by a step back, than the end of its
+// settling (Schedule.Settle), so every step is judged on its own outcomes
+// only.
 func WindowStart(p policy.Params, prev protocol.Published, now time.Time) time.Time {
-	b, _ := restore(p, prev, fixedClock(now))
-	return b.WindowStart()
+	b, r := restore(p, prev, fixedClock(now))
+	start := b.WindowStart()
+	if (prev.State == wire.Ramping || prev.State == wire.Closed) && judged(p, r, now) {
+		start = later(start, r.Started())
+		if r.Settling() {
+			start = later(start, settledAt(p, r))
+		}
+	}
+	return start
+}
+
+// evaluateBreaker is b.Evaluate, except that a partial failure the ramp steps
+// back from does not open a closed breaker.
+func evaluateBreaker(b *breaker.Breaker, window, probes breaker.Counts, partial bool) (breaker.Transition, bool) {
+	if partial && b.State() == wire.Closed {
+		return breaker.Transition{}, false
+	}
+	return b.Evaluate(window, probes)
+}
+
+// judged reports whether the step-back rule judges the ramp's current step at
+// now: with Always, every step; with Ramping, every step but full
+// capacity once it has lasted a StepDuration, so that the step up to full
+// capacity is judged like the others.
+func judged(p policy.Params, r *ramp.Ramp, now time.Time) bool {
+	switch p.Ramp.StepBack.When {
+	case ramp.Always:
+		return true
+	case ramp.Ramping:
+		return !r.Done() || now.Sub(r.Started()) < p.Ramp.StepDuration
+	}
+	return false
+}
+
+// settledAt is when the current step's settling ends: its start, plus
+// Schedule.Settle for a step entered by a step back.
+func settledAt(p policy.Params, r *ramp.Ramp) time.Time {
+	if !r.Settling() {
+		return r.Started()
+	}
+	return r.Started().Add(p.Ramp.Settle())
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // PinsMinReplicas reports whether a policy that pins (spec
@@ -208,11 +306,39 @@ func Limit(p policy.Params, state wire.State, rampLimit int64) int64 {
 // for the policy (Redis was flushed, or lost its data in a restart): the
 // state, ramp step and last transition time it last wrote to the policy's
 // status. state "" (a policy never evaluated) restores as Closed at full
-// capacity; a zero or future lastTransition counts as now. An Open breaker
+// capacity, with the ramp complete for a StepDuration already, so that the
+// step-back rule does not judge a new policy's first minute as a ramp step; a
+// zero or future lastTransition counts as now. An Open breaker
 // keeps its transition time, so it half-opens when it would have; a ramp step
 // starts again at now, since its start is not in status. The epoch is 0, so
 // Plan publishes epoch 1 and any stale probe counts are cleared.
 func Restore(p policy.Params, state wire.State, rampStep int, lastTransition, now time.Time) protocol.Published {
+	return RestoreSaved(p, Saved{State: state, RampStep: rampStep, LastTransition: lastTransition}, now)
+}
+
+// Saved is what the policy's status keeps of the published state, for
+// RestoreSaved.
+type Saved struct {
+	// State is status.state.
+	State wire.State
+	// RampStep is status.rampStep.
+	RampStep int
+	// Limit is status.currentLimit: below the first ramp step, the limit a
+	// step back reached.
+	Limit int64
+	// RampCeiling is status.rampCeiling.
+	RampCeiling int64
+	// LastTransition is status.lastTransitionTime.
+	LastTransition time.Time
+}
+
+// RestoreSaved is Restore from everything status keeps: a Ramping state also
+// keeps the limit below the first step and the ceiling that step backs
+// reached, with one backoff (the hold before the ceiling is twice the step
+// duration), so a manager that lost Redis's state neither forgets a step back
+// nor jumps to a higher limit.
+func RestoreSaved(p policy.Params, s Saved, now time.Time) protocol.Published {
+	state, rampStep, lastTransition := s.State, s.RampStep, s.LastTransition
 	since := now
 	if !lastTransition.IsZero() && !lastTransition.After(now) {
 		since = lastTransition
@@ -224,12 +350,20 @@ func Restore(p policy.Params, state wire.State, rampStep int, lastTransition, no
 		RampStepStarted: since,
 	}
 	switch state {
+	case "":
+		out.RampStepStarted = since.Add(-p.Ramp.StepDuration)
 	case wire.Open, wire.HalfOpen:
 		out.State = state
 	case wire.Ramping:
 		out.State = wire.Ramping
 		out.RampStep = min(max(rampStep, 0), len(p.Ramp.Steps)-1)
 		out.RampStepStarted = now
+		if out.RampStep == 0 && len(p.Ramp.Steps) > 0 && s.Limit >= 1 && s.Limit < p.Ramp.Steps[0] {
+			out.RampLimit = s.Limit
+		}
+		if s.RampCeiling > 0 {
+			out.RampCeiling, out.RampBackoffs = s.RampCeiling, 1
+		}
 	}
 	return out
 }
@@ -238,10 +372,7 @@ func Restore(p policy.Params, state wire.State, rampStep int, lastTransition, no
 // state means the ramp is done, whatever step was stored: a capacity change
 // must not turn a closed breaker into a ramp.
 func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker.Breaker, *ramp.Ramp) {
-	state := wire.State(prev.State)
-	if prev.State == wire.Ramping {
-		state = wire.Closed
-	}
+	state := prev.State.BreakerState()
 	// A time after now was written by a clock ahead of Redis's (a manager
 	// before the evaluator planned by Redis time, or a Redis failover to a
 	// node behind): it counts as now, or the window would stay empty and the
@@ -259,7 +390,11 @@ func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker
 	if started.IsZero() || started.After(clk.Now()) {
 		started = clk.Now()
 	}
-	r := ramp.Restore(p.Ramp, clk, ramp.Snapshot{Step: step, StepStarted: started})
+	snap := ramp.Snapshot{
+		Step: step, StepStarted: started,
+		Limit: prev.RampLimit, Ceiling: prev.RampCeiling, Backoffs: prev.RampBackoffs, Settling: prev.RampSettling,
+	}
+	r := ramp.Restore(p.Ramp, clk, snap)
 	return b, r
 }
 
@@ -269,7 +404,7 @@ func publishedState(s wire.State, r *ramp.Ramp) wire.State {
 	if s == wire.Closed && !r.Done() {
 		return wire.Ramping
 	}
-	return wire.State(s)
+	return s
 }
 
 func breakerReason(to wire.State) string {
@@ -299,9 +434,17 @@ func breakerMessage(p policy.Params, t breaker.Transition, window, probes breake
 		probes.Calls, r.Limit(), len(p.Ramp.Steps))
 }
 
+func stepBackMessage(p policy.Params, window breaker.Counts, from int64, r *ramp.Ramp) string {
+	return fmt.Sprintf("%d of %d calls failed or timed out at limit %d (ratio above %.2f with 95%% confidence): stepped back to limit %d; limit %d is tried again after %v clean",
+		window.Failures, window.Calls, from, p.Ramp.StepBack.FailureRatio, r.Limit(), r.Ceiling(), r.Hold())
+}
+
 func rampMessage(p policy.Params, r *ramp.Ramp) string {
 	if r.Done() {
 		return fmt.Sprintf("Ramp complete: limit %d (full capacity)", r.Limit())
+	}
+	if r.Limit() < p.Ramp.Steps[r.Step()] {
+		return fmt.Sprintf("Ramp climbing back to its first step (%d): limit %d", p.Ramp.Steps[0], r.Limit())
 	}
 	return fmt.Sprintf("Ramp step %d of %d: limit %d", r.Step()+1, len(p.Ramp.Steps), r.Limit())
 }

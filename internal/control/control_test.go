@@ -246,8 +246,8 @@ func TestRestore(t *testing.T) {
 		limit int64
 	}{
 		{
-			name:  "never evaluated: closed at full capacity",
-			want:  protocol.Published{State: wire.Closed, BreakerSince: now, RampStep: 3, RampStepStarted: now},
+			name:  "never evaluated: closed at full capacity, the ramp complete a step ago",
+			want:  protocol.Published{State: wire.Closed, BreakerSince: now, RampStep: 3, RampStepStarted: now.Add(-time.Minute)},
 			limit: 40,
 		},
 		{

@@ -49,6 +49,11 @@ func FromSpec(spec spillwayv1alpha1.DependencyPolicySpec) (Params, error) {
 		Ramp: ramp.Schedule{
 			Steps:        Steps(spec),
 			StepDuration: spec.Ramp.StepDuration.Duration,
+			StepBack: ramp.StepBack{
+				When:         ramp.When(spec.Ramp.StepBack.When),
+				FailureRatio: spec.Ramp.StepBack.FailureRatio,
+				MinFailures:  int64(spec.Ramp.StepBack.MinFailures),
+			},
 		},
 		Backoff: retry.Backoff{
 			Base:   spec.Backoff.Base.Duration,
@@ -77,6 +82,9 @@ func FromSpec(spec spillwayv1alpha1.DependencyPolicySpec) (Params, error) {
 	p.Breaker.HalfOpenProbes = min(p.Breaker.HalfOpenProbes, capacity)
 	if err := p.Ramp.Validate(capacity); err != nil {
 		return Params{}, fmt.Errorf("ramp: %w", err)
+	}
+	if sb := p.Ramp.StepBack; sb.On() && sb.FailureRatio >= p.Breaker.FailureRatio {
+		return Params{}, fmt.Errorf("ramp.stepBack.failureRatio must be below breaker.failureRatio %v, got %v", p.Breaker.FailureRatio, sb.FailureRatio)
 	}
 	if err := p.Backoff.Validate(); err != nil {
 		return Params{}, fmt.Errorf("backoff: %w", err)

@@ -32,6 +32,9 @@ type Schedule struct {
 	Steps []int64
 	// StepDuration is the clean time spent at each step before advancing.
 	StepDuration time.Duration
+	// StepBack is the rule that holds a step that fails and steps back from
+	// it (see StepBack); the zero value is Never: a fixed schedule.
+	StepBack StepBack
 }
 
 // Validate checks s against the dependency's capacity: capacity >= 1, Steps
@@ -54,6 +57,9 @@ func (s Schedule) Validate(capacity int64) error {
 	}
 	if s.StepDuration <= 0 {
 		return fmt.Errorf("stepDuration must be > 0, got %v", s.StepDuration)
+	}
+	if err := s.StepBack.Validate(); err != nil {
+		return fmt.Errorf("stepBack: %w", err)
 	}
 	return nil
 }
@@ -105,6 +111,21 @@ type Snapshot struct {
 	Step int
 	// StepStarted is when the current step began.
 	StepStarted time.Time
+	// Limit, when between 1 and Steps[0] - 1, is the limit in force below
+	// the first step, which the ramp reached by stepping back from it; it
+	// counts only at Step 0. 0 means Steps[Step].
+	Limit int64
+	// Ceiling is the lowest limit that failed since the ramp last
+	// restarted and has not been held clean since: the ramp moves up to it
+	// only after a longer hold (see Ramp.Hold). 0 means none.
+	Ceiling int64
+	// Backoffs is the number of step backs since the ceiling was last
+	// cleared; each doubles the hold before the ceiling is tried again, up
+	// to MaxBackoffs.
+	Backoffs int
+	// Settling is whether the current step was entered by a step back, so
+	// that its first Settle of outcomes is not its own.
+	Settling bool
 }
 
 // Ramp walks a Schedule. It is safe for concurrent use.
@@ -112,12 +133,16 @@ type Snapshot struct {
 // The Schedule should pass Validate; a Ramp over an empty Schedule reports a
 // Limit of 0 and is always Done.
 type Ramp struct {
-	mu      sync.Mutex
-	steps   []int64
-	stepDur time.Duration
-	clk     Clock
-	step    int
-	started time.Time
+	mu       sync.Mutex
+	steps    []int64
+	stepDur  time.Duration
+	clk      Clock
+	step     int
+	started  time.Time
+	below    int64
+	ceiling  int64
+	backoffs int
+	settling bool
 }
 
 // New returns a Ramp at step 0 starting at clk.Now(). The Steps slice is
@@ -128,55 +153,174 @@ func New(s Schedule, clk Clock) *Ramp {
 
 // Restore returns a Ramp that continues from a persisted Snapshot. Step is
 // clamped into [0, len(Steps)-1]; a StepStarted later than clk.Now() (clock
-// skew between replicas) is clamped to clk.Now().
+// skew between replicas) is clamped to clk.Now(). A Limit outside
+// [1, Steps[0]) or at a Step above 0 is ignored, Backoffs is clamped into
+// [0, MaxBackoffs] and a Ceiling below the limit is dropped (it was written
+// for other steps).
 func Restore(s Schedule, clk Clock, snap Snapshot) *Ramp {
 	r := &Ramp{
-		steps:   append([]int64(nil), s.Steps...),
-		stepDur: s.StepDuration,
-		clk:     clk,
-		step:    min(max(snap.Step, 0), max(len(s.Steps)-1, 0)),
-		started: snap.StepStarted,
+		steps:    append([]int64(nil), s.Steps...),
+		stepDur:  s.StepDuration,
+		clk:      clk,
+		step:     min(max(snap.Step, 0), max(len(s.Steps)-1, 0)),
+		started:  snap.StepStarted,
+		backoffs: min(max(snap.Backoffs, 0), MaxBackoffs),
+		settling: snap.Settling,
 	}
 	if now := clk.Now(); r.started.After(now) {
 		r.started = now
 	}
+	if len(r.steps) > 0 && r.step == 0 && snap.Limit >= 1 && snap.Limit < r.steps[0] {
+		r.below = snap.Limit
+	}
+	if snap.Ceiling >= r.limit() {
+		r.ceiling = snap.Ceiling
+	} else {
+		r.backoffs = 0
+	}
 	return r
 }
 
-// Advance moves up one step if the current step has lasted at least
-// StepDuration and the ramp is not at its last step; the new step starts at
-// clk.Now(), not at the scheduled boundary. It reports whether it advanced.
+// Advance moves up one step if the current step has lasted at least its
+// hold time (Hold) and the ramp is not at its last step; the new step starts
+// at clk.Now(), not at the scheduled boundary. It reports whether it
+// advanced. Below the first step (after stepping back from it) the limits are
+// the powers of two below it, and a step up doubles the limit, up to the
+// first step. A limit at or above the ceiling that has lasted
+// its hold time has been held clean: Advance clears the ceiling, at full
+// capacity too (where it does not move).
 //
 // Advance moves at most one step per call, even after a long gap: a restarted
 // controller continues conservatively rather than jumping to full capacity.
 // Callers that want the seed's one-step-per-minute cadence call it at least
-// once per StepDuration.
+// once per StepDuration. Callers that judge the outcomes (StepBack) call it
+// only for a Clean step.
 func (r *Ramp) Advance() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := r.clk.Now()
+	if len(r.steps) == 0 || now.Sub(r.started) < r.hold() {
+		return false
+	}
+	if r.ceiling > 0 && r.limit() >= r.ceiling {
+		r.ceiling, r.backoffs = 0, 0
+	}
 	if r.done() {
 		return false
 	}
-	now := r.clk.Now()
-	if now.Sub(r.started) < r.stepDur {
-		return false
+	if r.below > 0 {
+		r.below = r.next()
+		if r.below >= r.steps[0] {
+			r.below = 0
+		}
+	} else {
+		r.step++
 	}
-	r.step++
 	r.started = now
+	r.settling = false
 	return true
 }
 
-// Limit returns the current limit, Steps[Step].
+// StepBack moves down from a limit that fails: to the step below it; from the
+// first step, to the highest power of two below it; below the first step, to
+// half the limit. The limits below the first step are the powers of two the
+// climb back doubles through, so a step back returns to the limit the ramp
+// came from. The limit that failed
+// becomes the ceiling, and the hold before it is tried again doubles (Hold).
+// The new step starts at clk.Now() and is Settling. It reports false, and
+// changes nothing, at a limit of 1 or less: there is nothing below to step
+// back to, and the breaker decides.
+func (r *Ramp) StepBack() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	failed := r.limit()
+	if failed <= 1 {
+		return false
+	}
+	switch {
+	case r.below > 0:
+		r.below = max(1, r.below/2)
+	case r.step > 0:
+		r.step--
+	default:
+		r.below = 1
+		for r.below*2 < failed {
+			r.below *= 2
+		}
+	}
+	r.ceiling = failed
+	r.backoffs = min(r.backoffs+1, MaxBackoffs)
+	r.started = r.clk.Now()
+	r.settling = true
+	return true
+}
+
+// Hold is how long the current step must last, clean, before Advance moves
+// up: StepDuration, or, below the ceiling when the next limit is at or above
+// it (a limit that failed), StepDuration × 2^Backoffs.
+func (r *Ramp) Hold() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.hold()
+}
+
+func (r *Ramp) hold() time.Duration {
+	if r.ceiling > 0 && r.limit() < r.ceiling && r.next() >= r.ceiling {
+		return r.stepDur << r.backoffs
+	}
+	return r.stepDur
+}
+
+// next is the limit Advance would move to: below the first step, twice the
+// limit, at most the first step.
+func (r *Ramp) next() int64 {
+	if r.below > 0 {
+		return min(2*r.below, r.steps[0])
+	}
+	return r.steps[min(r.step+1, len(r.steps)-1)]
+}
+
+// Limit returns the current limit: Steps[Step], or the limit below the first
+// step that a step back from it reached.
 func (r *Ramp) Limit() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.steps) == 0 {
+	return r.limit()
+}
+
+func (r *Ramp) limit() int64 {
+	switch {
+	case len(r.steps) == 0:
 		return 0
+	case r.below > 0:
+		return r.below
 	}
 	return r.steps[r.step]
 }
 
-// Step returns the index of the current step.
+// Ceiling returns the lowest limit that failed and has not been held clean
+// since, 0 if none.
+func (r *Ramp) Ceiling() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ceiling
+}
+
+// Settling reports whether the current step was entered by a step back.
+func (r *Ramp) Settling() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.settling
+}
+
+// Started returns when the current step began.
+func (r *Ramp) Started() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.started
+}
+
+// Step returns the index of the current step; 0 below the first step.
 func (r *Ramp) Step() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -191,23 +335,32 @@ func (r *Ramp) Done() bool {
 }
 
 func (r *Ramp) done() bool {
-	return r.step >= len(r.steps)-1
+	return r.step >= len(r.steps)-1 && r.below == 0
 }
 
 // Snapshot returns the state to persist.
 func (r *Ramp) Snapshot() Snapshot {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return Snapshot{Step: r.step, StepStarted: r.started}
+	return Snapshot{
+		Step:        r.step,
+		StepStarted: r.started,
+		Limit:       r.below,
+		Ceiling:     r.ceiling,
+		Backoffs:    r.backoffs,
+		Settling:    r.settling,
+	}
 }
 
-// Restart goes back to step 0 starting at clk.Now(). Because the first step
-// must then last a full StepDuration of clean operation, call Restart when the
-// breaker closes again after a reopen (calling it at the reopen as well is
-// harmless) rather than only when it opens.
+// Restart goes back to step 0 starting at clk.Now(), and forgets the ceiling.
+// Because the first step must then last a full StepDuration of clean
+// operation, call Restart when the breaker closes again after a reopen
+// (calling it at the reopen as well is harmless) rather than only when it
+// opens.
 func (r *Ramp) Restart() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.step = 0
 	r.started = r.clk.Now()
+	r.below, r.ceiling, r.backoffs, r.settling = 0, 0, 0, false
 }

@@ -36,6 +36,16 @@ type Published struct {
 	// RampStep and RampStepStarted are the ramp's position.
 	RampStep        int
 	RampStepStarted time.Time
+	// RampLimit, RampCeiling, RampBackoffs and RampSettling are what the
+	// ramp's step-back rule remembers: the limit below the first step that
+	// a step back reached (0: none), the lowest limit that failed and was
+	// not held clean since (0: none), the step backs since that ceiling was
+	// last cleared, and whether the current step was entered by a step back.
+	// Workers do not read them.
+	RampLimit    int64
+	RampCeiling  int64
+	RampBackoffs int
+	RampSettling bool
 
 	// HalfOpenProbes is the policy's breaker.halfOpenProbes: how many calls
 	// workers admit at a time under the dead-man rule (StaleAfter).
@@ -128,6 +138,10 @@ func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
 		"ctrl_breaker_since_ms", millis(p.BreakerSince),
 		"ctrl_ramp_step", p.RampStep,
 		"ctrl_ramp_step_started_ms", millis(p.RampStepStarted),
+		"ctrl_ramp_limit", p.RampLimit,
+		"ctrl_ramp_ceiling", p.RampCeiling,
+		"ctrl_ramp_backoffs", p.RampBackoffs,
+		"ctrl_ramp_settling", boolInt(p.RampSettling),
 		"half_open_probes", p.HalfOpenProbes,
 		"stale_after_ms", p.StaleAfter.Milliseconds(),
 	}
@@ -223,6 +237,10 @@ func (c *Client) parsePublished(m map[string]string) (Published, bool, error) {
 		BreakerSince:    fromMillis(num("ctrl_breaker_since_ms")),
 		RampStep:        int(num("ctrl_ramp_step")),
 		RampStepStarted: fromMillis(num("ctrl_ramp_step_started_ms")),
+		RampLimit:       num("ctrl_ramp_limit"),
+		RampCeiling:     num("ctrl_ramp_ceiling"),
+		RampBackoffs:    int(num("ctrl_ramp_backoffs")),
+		RampSettling:    num("ctrl_ramp_settling") == 1,
 		HalfOpenProbes:  num("half_open_probes"),
 		StaleAfter:      ms("stale_after_ms"),
 		Seq:             num("seq"),
@@ -277,4 +295,12 @@ func (c *Client) ReadWindow(ctx context.Context, length time.Duration, from time
 	}
 	p := Probes{Successes: res[11], Failures: res[12], Timeouts: res[13]}
 	return w, p, time.UnixMilli(res[0]), nil
+}
+
+// boolInt is 1 for true and 0 for false, as the state hash stores flags.
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -37,6 +37,10 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 			RampStep:      3,
 
 			RampStepStarted: base.Add(-7 * time.Second),
+			RampLimit:       2,
+			RampCeiling:     5,
+			RampBackoffs:    2,
+			RampSettling:    true,
 			HalfOpenProbes:  4,
 			StaleAfter:      45500 * time.Millisecond,
 		}
@@ -78,13 +82,18 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 			"seq":               "1",
 			"half_open_probes":  "4",
 			"stale_after_ms":    "45500",
+			// the ramp's step-back memory (controller only)
+			"ctrl_ramp_limit":    "2",
+			"ctrl_ramp_ceiling":  "5",
+			"ctrl_ramp_backoffs": "2",
+			"ctrl_ramp_settling": "1",
 		} {
 			if m[field] != v {
 				t.Errorf("state field %s = %q, want %q", field, m[field], v)
 			}
 		}
-		if len(m) != 24 {
-			t.Errorf("state hash has %d fields, want 24: %v", len(m), m)
+		if len(m) != 28 {
+			t.Errorf("state hash has %d fields, want 28: %v", len(m), m)
 		}
 
 		// Zero times and rates survive as zero.
