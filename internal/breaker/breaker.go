@@ -36,20 +36,6 @@ import (
 	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
-// State, Closed, Open and HalfOpen are the transitional names of wire.State
-// and the breaker's three values, for code written before pkg/wire (branches
-// in flight); remove them once nothing uses them.
-//
-// Deprecated: use pkg/wire.
-type State = wire.State
-
-// Deprecated: use pkg/wire.
-const (
-	Closed   = wire.Closed
-	Open     = wire.Open
-	HalfOpen = wire.HalfOpen
-)
-
 // Config is the breaker policy.
 type Config struct {
 	// FailureRatio is the share of failed calls in the window at which a

@@ -20,8 +20,6 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // Version is the protocol version. It is part of every key and stored in the
@@ -31,21 +29,6 @@ const Version = 3
 
 // KeyPrefix starts every key of this protocol version.
 const KeyPrefix = "spillway:v3:"
-
-// State, Closed, Open, HalfOpen and Ramping are the transitional names of
-// wire.State and its values, for code written before pkg/wire (the simulator
-// and branches in flight); remove them once nothing uses them.
-//
-// Deprecated: use pkg/wire.
-type State = wire.State
-
-// Deprecated: use pkg/wire.
-const (
-	Closed   = wire.Closed
-	Open     = wire.Open
-	HalfOpen = wire.HalfOpen
-	Ramping  = wire.Ramping
-)
 
 // Outcome is how a call ended, as reported on release.
 type Outcome string
