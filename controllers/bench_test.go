@@ -28,6 +28,7 @@ import (
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // The benchmarks run a whole scenario once, whatever b.N is (run them with
@@ -303,7 +304,7 @@ func BenchmarkScale(b *testing.B) {
 		states[rdb.HGet(ctx, k, "state").Val()]++
 	}
 	b.Logf("States at the end: %v; the %d failing policies' consumers were all pinned %v after the failures were written", states, failing, pinnedAfter)
-	if states[string(protocol.Open)]+states[string(protocol.HalfOpen)] != failing || pinnedAfter == 0 {
+	if states[string(wire.Open)]+states[string(wire.HalfOpen)] != failing || pinnedAfter == 0 {
 		b.Errorf("want %d policies Open or HalfOpen with their consumers pinned, got %v (pinned after %v)", failing, states, pinnedAfter)
 	}
 

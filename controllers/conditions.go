@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // Condition types of a DependencyPolicy.
@@ -212,19 +213,19 @@ func releasePendingCondition(err error) metav1.Condition {
 
 // breakerOpenCondition describes the breaker in state; openUntil is when an
 // Open breaker half-opens.
-func breakerOpenCondition(state protocol.State, openUntil time.Time, probes int64) metav1.Condition {
+func breakerOpenCondition(state wire.State, openUntil time.Time, probes int64) metav1.Condition {
 	c := metav1.Condition{Type: ConditionBreakerOpen}
 	switch state {
-	case protocol.Open:
+	case wire.Open:
 		c.Status, c.Reason = metav1.ConditionTrue, ReasonFailureRatioExceeded
 		c.Message = "The breaker is open: workers make no calls"
 		if !openUntil.IsZero() {
 			c.Message += " until " + openUntil.UTC().Format(time.RFC3339)
 		}
-	case protocol.HalfOpen:
+	case wire.HalfOpen:
 		c.Status, c.Reason = metav1.ConditionTrue, ReasonProbing
 		c.Message = fmt.Sprintf("The breaker is half-open: %d probe calls test the dependency", probes)
-	case protocol.Closed, protocol.Ramping:
+	case wire.Closed, wire.Ramping:
 		c.Status, c.Reason = metav1.ConditionFalse, ReasonBreakerClosed
 		c.Message = "The breaker is closed"
 	default:
@@ -236,10 +237,10 @@ func breakerOpenCondition(state protocol.State, openUntil time.Time, probes int6
 
 // rampingCondition describes the ramp in state at step (from 0) of steps,
 // with the limit in force and the ceiling its step backs left (0: none).
-func rampingCondition(state protocol.State, step int, limit, ceiling int64, steps []int64) metav1.Condition {
+func rampingCondition(state wire.State, step int, limit, ceiling int64, steps []int64) metav1.Condition {
 	c := metav1.Condition{Type: ConditionRamping}
 	switch state {
-	case protocol.Ramping:
+	case wire.Ramping:
 		c.Status, c.Reason = metav1.ConditionTrue, ReasonRampInProgress
 		if limit <= 0 && step >= 0 && step < len(steps) {
 			limit = steps[step]
@@ -250,10 +251,10 @@ func rampingCondition(state protocol.State, step int, limit, ceiling int64, step
 			c.Message = fmt.Sprintf("Stepped back: limit %d, below limit %d, whose calls failed more than ramp.stepBack allows; limit %d is tried again after a longer clean hold (step %d of %d)",
 				limit, ceiling, ceiling, step+1, len(steps))
 		}
-	case protocol.Closed:
+	case wire.Closed:
 		c.Status, c.Reason = metav1.ConditionFalse, ReasonRampComplete
 		c.Message = "The limit is the full capacity"
-	case protocol.Open, protocol.HalfOpen:
+	case wire.Open, wire.HalfOpen:
 		c.Status, c.Reason = metav1.ConditionFalse, ReasonAwaitingRecovery
 		c.Message = "The ramp starts from its first step when the breaker closes"
 	default:

@@ -10,10 +10,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 func TestReadyCondition(t *testing.T) {
-	pub := protocol.Published{State: protocol.Ramping, Limit: 10, Epoch: 4}
+	pub := protocol.Published{State: wire.Ramping, Limit: 10, Epoch: 4}
 	tests := []struct {
 		name    string
 		err     error
@@ -45,15 +46,15 @@ func TestReadyCondition(t *testing.T) {
 func TestBreakerOpenCondition(t *testing.T) {
 	until := time.Date(2026, 3, 1, 12, 1, 0, 0, time.UTC)
 	tests := []struct {
-		state   protocol.State
+		state   wire.State
 		status  metav1.ConditionStatus
 		reason  string
 		message string
 	}{
-		{protocol.Open, metav1.ConditionTrue, ReasonFailureRatioExceeded, "until 2026-03-01T12:01:00Z"},
-		{protocol.HalfOpen, metav1.ConditionTrue, ReasonProbing, "3 probe calls"},
-		{protocol.Ramping, metav1.ConditionFalse, ReasonBreakerClosed, "closed"},
-		{protocol.Closed, metav1.ConditionFalse, ReasonBreakerClosed, "closed"},
+		{wire.Open, metav1.ConditionTrue, ReasonFailureRatioExceeded, "until 2026-03-01T12:01:00Z"},
+		{wire.HalfOpen, metav1.ConditionTrue, ReasonProbing, "3 probe calls"},
+		{wire.Ramping, metav1.ConditionFalse, ReasonBreakerClosed, "closed"},
+		{wire.Closed, metav1.ConditionFalse, ReasonBreakerClosed, "closed"},
 		{"", metav1.ConditionUnknown, ReasonNotEvaluated, "not been evaluated"},
 	}
 	for _, tt := range tests {
@@ -71,20 +72,20 @@ func TestBreakerOpenCondition(t *testing.T) {
 func TestRampingCondition(t *testing.T) {
 	steps := []int64{5, 10, 20, 40}
 	tests := []struct {
-		state          protocol.State
+		state          wire.State
 		step           int
 		limit, ceiling int64
 		status         metav1.ConditionStatus
 		reason         string
 		message        string
 	}{
-		{protocol.Ramping, 1, 10, 0, metav1.ConditionTrue, ReasonRampInProgress, "Ramp step 2 of 4: limit 10"},
-		{protocol.Ramping, 1, 0, 0, metav1.ConditionTrue, ReasonRampInProgress, "Ramp step 2 of 4: limit 10"},
-		{protocol.Ramping, 1, 10, 20, metav1.ConditionTrue, ReasonSteppedBack, "Stepped back: limit 10, below limit 20, whose calls failed more than ramp.stepBack allows; limit 20 is tried again after a longer clean hold (step 2 of 4)"},
-		{protocol.Ramping, 0, 2, 5, metav1.ConditionTrue, ReasonSteppedBack, "Stepped back: limit 2, below limit 5"},
-		{protocol.Closed, 3, 40, 0, metav1.ConditionFalse, ReasonRampComplete, "full capacity"},
-		{protocol.Open, 0, 0, 0, metav1.ConditionFalse, ReasonAwaitingRecovery, "when the breaker closes"},
-		{protocol.HalfOpen, 0, 3, 0, metav1.ConditionFalse, ReasonAwaitingRecovery, "when the breaker closes"},
+		{wire.Ramping, 1, 10, 0, metav1.ConditionTrue, ReasonRampInProgress, "Ramp step 2 of 4: limit 10"},
+		{wire.Ramping, 1, 0, 0, metav1.ConditionTrue, ReasonRampInProgress, "Ramp step 2 of 4: limit 10"},
+		{wire.Ramping, 1, 10, 20, metav1.ConditionTrue, ReasonSteppedBack, "Stepped back: limit 10, below limit 20, whose calls failed more than ramp.stepBack allows; limit 20 is tried again after a longer clean hold (step 2 of 4)"},
+		{wire.Ramping, 0, 2, 5, metav1.ConditionTrue, ReasonSteppedBack, "Stepped back: limit 2, below limit 5"},
+		{wire.Closed, 3, 40, 0, metav1.ConditionFalse, ReasonRampComplete, "full capacity"},
+		{wire.Open, 0, 0, 0, metav1.ConditionFalse, ReasonAwaitingRecovery, "when the breaker closes"},
+		{wire.HalfOpen, 0, 3, 0, metav1.ConditionFalse, ReasonAwaitingRecovery, "when the breaker closes"},
 		{"", 0, 0, 0, metav1.ConditionUnknown, ReasonNotEvaluated, "not been evaluated"},
 	}
 	for _, tt := range tests {
@@ -130,7 +131,7 @@ func TestConsumersBoundedCondition(t *testing.T) {
 }
 
 func TestReadySummary(t *testing.T) {
-	evaluated := readyCondition(nil, protocol.Published{State: protocol.Closed, Limit: 40, Epoch: 1})
+	evaluated := readyCondition(nil, protocol.Published{State: wire.Closed, Limit: 40, Epoch: 1})
 	redisDown := readyCondition(&evalError{reason: ReasonRedisUnavailable, err: errors.New("connection refused")}, protocol.Published{})
 	bounded := consumersBoundedCondition([]consumerResult{{Name: "render"}})
 	none := consumersBoundedCondition(nil)

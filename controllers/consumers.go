@@ -21,7 +21,7 @@ import (
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/control"
 	"github.com/spillway-dev/spillway/internal/policy"
-	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // This file is the policy reconciler's I/O on its consumers: it reads
@@ -42,7 +42,7 @@ const (
 // published with it, and lets go of the autoscalers pol bounded but no longer
 // names. It returns one result per consumer, in spec order, then one per
 // autoscaler it failed to let go.
-func (r *PolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, state protocol.State, limit int64) []consumerResult {
+func (r *PolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, state wire.State, limit int64) []consumerResult {
 	bounds := ConsumerBounds(params, state, limit, pol.Spec.Consumers)
 	pinning := control.PinsMinReplicas(params, state)
 	results := make([]consumerResult, 0, len(pol.Spec.Consumers))

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -25,6 +24,7 @@ import (
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/pkg/clock"
 )
 
 // These tests play a GitOps tool against Spillway through the real API
@@ -285,7 +285,7 @@ func TestBindFromAStaleReadOverwritesNoEdit(t *testing.T) {
 
 	pol := &spillwayv1alpha1.DependencyPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "template-api"}}
 	stale := &staleClient{Client: env.Client, gets: map[string]*kedav1alpha1.ScaledObject{}}
-	r := &PolicyReconciler{Client: stale, APIReader: env.Client, Recorder: events.NewFakeRecorder(100), Clock: clock.RealClock{}}
+	r := &PolicyReconciler{Client: stale, APIReader: env.Client, Recorder: events.NewFakeRecorder(100), Clock: clock.System{}}
 
 	res := r.bindConsumer(ctx, pol, consumerRef{Kind: scaledObjectKind, Name: "render"}, 20, false)
 	g.Expect(res.Reason).To(BeEmpty(), res.Message)
@@ -340,7 +340,7 @@ func TestLegacyMetadataOwnerIsDropped(t *testing.T) {
 
 	// The outage is over.
 	pol := &spillwayv1alpha1.DependencyPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "template-api"}}
-	r := &PolicyReconciler{Client: env.Client, APIReader: env.Client, Recorder: events.NewFakeRecorder(100), Clock: clock.RealClock{}}
+	r := &PolicyReconciler{Client: env.Client, APIReader: env.Client, Recorder: events.NewFakeRecorder(100), Clock: clock.System{}}
 	res := r.bindConsumer(ctx, pol, consumerRef{Kind: scaledObjectKind, Name: "render"}, 40, false)
 	g.Expect(res.Reason).To(BeEmpty(), res.Message)
 	so = getScaledObject(g, ns, "render")

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
-	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -22,6 +21,7 @@ import (
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/policy"
+	"github.com/spillway-dev/spillway/pkg/clock"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
@@ -38,8 +38,8 @@ type Evaluator struct {
 	// Recorder emits Events. Default: the manager's, as ControllerName.
 	Recorder events.EventRecorder
 	// Clock records when an evaluation ran, for status; the evaluation
-	// decides by Redis time. Default: the wall clock.
-	Clock clock.PassiveClock
+	// decides by Redis time. Default: clock.System, the wall clock.
+	Clock clock.Clock
 	// Evaluations is where the evaluator remembers each evaluation; the
 	// PolicyReconciler must be given the same. Required.
 	Evaluations *Evaluations
@@ -88,7 +88,7 @@ func (r *Evaluator) SetupWithManager(ctx context.Context, mgr ctrl.Manager) erro
 func (r *Evaluator) setDefaults() {
 	r.Options = r.Options.withDefaults()
 	if r.Clock == nil {
-		r.Clock = clock.RealClock{}
+		r.Clock = clock.System{}
 	}
 	if r.Signals == nil {
 		r.Signals = NewSignals(PrometheusHTTP{}, nil)

@@ -16,8 +16,7 @@ import (
 // node is offset ahead of Redis's (behind when negative).
 type skewedClock struct{ offset time.Duration }
 
-func (c skewedClock) Now() time.Time                  { return time.Now().Add(c.offset) }
-func (c skewedClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+func (c skewedClock) Now() time.Time { return time.Now().Add(c.offset) }
 
 // TestEvaluatorDecidesByRedisTime runs the manager on a node whose clock is
 // 40 s ahead of Redis's, then 40 s behind. Workers count outcomes by Redis

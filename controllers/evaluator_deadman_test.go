@@ -10,6 +10,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // TestDeadManOpenAdmitsProbes stops the only manager while the breaker is
@@ -36,7 +37,7 @@ func TestDeadManOpenAdmitsProbes(t *testing.T) {
 	g.Eventually(w.stateLimit()).WithPolling(5 * time.Millisecond).Should(Equal("Open/0"))
 	m.stop(t)
 	last := w.published(g)
-	g.Expect(last.State).To(Equal(protocol.Open), "the manager stopped while Open")
+	g.Expect(last.State).To(Equal(wire.Open), "the manager stopped while Open")
 	g.Expect(last.HalfOpenProbes).To(Equal(int64(3)))
 	// The plan's time is the window read's, a moment before the write's.
 	g.Expect(last.StaleAfter).To(BeNumerically("~", 2*time.Second+last.OpenUntil.Sub(last.UpdatedAt), 50*time.Millisecond),

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // This file holds, without I/O, the two states published outside the control
@@ -45,7 +46,7 @@ func releasedState(params policy.Params, paramsErr error, prev protocol.Publishe
 // closedAtCapacity is p published Closed at its full capacity from now, at
 // epoch: what a deleted policy and an unusable spec both leave the fleet in.
 func closedAtCapacity(p protocol.Published, now time.Time, epoch int64) protocol.Published {
-	p.State, p.Limit = protocol.Closed, p.Capacity
+	p.State, p.Limit = wire.Closed, p.Capacity
 	p.OpenUntil, p.BreakerSince, p.RampStepStarted = time.Time{}, now, now
 	p.Epoch = epoch
 	return p
@@ -59,7 +60,7 @@ func closedAtCapacity(p protocol.Published, now time.Time, epoch int64) protocol
 // capacity alone, as after a deletion. It reports false when prev already is
 // that state. A state change takes the next epoch, as a transition does.
 func safeState(prev protocol.Published, now time.Time) (protocol.Published, bool) {
-	if prev.State == protocol.Closed && prev.Limit == prev.Capacity {
+	if prev.State == wire.Closed && prev.Limit == prev.Capacity {
 		return prev, false
 	}
 	return closedAtCapacity(prev, now, prev.Epoch+1), true

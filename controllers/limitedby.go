@@ -3,7 +3,7 @@ package controllers
 import (
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/policy"
-	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // ConsumerBounds returns, for each consumer in order, the most replicas its
@@ -20,7 +20,7 @@ import (
 //
 // The shares are those of Bounds: all consumers' weights count, whatever
 // limits each.
-func ConsumerBounds(p policy.Params, state protocol.State, limit int64, consumers []spillwayv1alpha1.Consumer) []int32 {
+func ConsumerBounds(p policy.Params, state wire.State, limit int64, consumers []spillwayv1alpha1.Consumer) []int32 {
 	bounds := Bounds(p.Capacity, consumers)
 	rl := replicaLimit(p, state, limit)
 	if rl == p.Capacity {
@@ -43,15 +43,15 @@ func ConsumerBounds(p policy.Params, state protocol.State, limit int64, consumer
 // stopped call by call, so the fleet is held at the size the ramp restarts
 // from. Its first calls after the outage are then the first step's, and
 // while HalfOpen it is its own probe (the Prometheus signal judges it).
-func replicaLimit(p policy.Params, state protocol.State, limit int64) int64 {
+func replicaLimit(p policy.Params, state wire.State, limit int64) int64 {
 	first := p.Capacity
 	if len(p.Ramp.Steps) > 0 {
 		first = p.Ramp.Steps[0]
 	}
 	switch state {
-	case protocol.Ramping:
+	case wire.Ramping:
 		return min(max(limit, first), p.Capacity)
-	case protocol.Open, protocol.HalfOpen:
+	case wire.Open, wire.HalfOpen:
 		return first
 	}
 	return p.Capacity

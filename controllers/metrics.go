@@ -8,6 +8,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // The controller's metrics, registered on controller-runtime's registry and
@@ -50,7 +51,7 @@ var (
 // DependencyPolicy itself.
 const ReasonKubernetesAPI = "KubernetesAPI"
 
-var allStates = []protocol.State{protocol.Closed, protocol.Open, protocol.HalfOpen, protocol.Ramping}
+var allStates = []wire.State{wire.Closed, wire.Open, wire.HalfOpen, wire.Ramping}
 
 func init() {
 	metrics.Registry.MustRegister(stateGauge, limitGauge, transitionsTotal, evaluationLag, reconcileErrors)

@@ -1,8 +1,9 @@
 package controllers
 
 import (
-	"math/rand/v2"
 	"time"
+
+	"github.com/spillway-dev/spillway/pkg/retry"
 )
 
 // Options tune the controllers. Zero values take the defaults. The Evaluator
@@ -79,8 +80,9 @@ func (o Options) staleAfter() time.Duration {
 	return StaleAfter(o.EvaluationInterval)
 }
 
-// jitter spreads a retry delay over ±20%, so policies that failed together
-// do not retry together.
+// jitter spreads a retry delay uniformly over [0.8d, 1.2d] (the full jitter
+// of retry.FullJitter over 40% of d, after 80% of it), so policies that
+// failed together do not retry together.
 func jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	return d*4/5 + retry.FullJitter(d*2/5, nil)
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/control"
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // The control law lives in internal/control, shared with the simulator; these
@@ -48,7 +49,7 @@ func WindowStart(p policy.Params, prev protocol.Published, now time.Time) time.T
 }
 
 // Limit is the fleet-wide concurrency limit in state (control.Limit).
-func Limit(p policy.Params, state protocol.State, rampLimit int64) int64 {
+func Limit(p policy.Params, state wire.State, rampLimit int64) int64 {
 	return control.Limit(p, state, rampLimit)
 }
 
@@ -62,7 +63,7 @@ func RestoreFromStatus(st spillwayv1alpha1.DependencyPolicyStatus, p policy.Para
 		since = st.LastTransitionTime.Time
 	}
 	return control.RestoreSaved(p, control.Saved{
-		State:          protocol.State(st.State),
+		State:          wireState(st.State),
 		RampStep:       int(st.RampStep),
 		Limit:          int64(st.CurrentLimit),
 		RampCeiling:    int64(st.RampCeiling),

@@ -11,6 +11,7 @@ import (
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -55,38 +56,38 @@ func TestRestoreFromStatus(t *testing.T) {
 		{
 			name:   "never evaluated: closed at full capacity, the ramp complete a step ago",
 			status: spillwayv1alpha1.DependencyPolicyStatus{},
-			want:   protocol.Published{State: protocol.Closed, BreakerSince: now, RampStep: 3, RampStepStarted: now.Add(-p.Ramp.StepDuration)},
+			want:   protocol.Published{State: wire.Closed, BreakerSince: now, RampStep: 3, RampStepStarted: now.Add(-p.Ramp.StepDuration)},
 			limit:  40,
 		},
 		{
 			name:   "closed keeps its transition time",
 			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateClosed, RampStep: 3, LastTransitionTime: ltt},
-			want:   protocol.Published{State: protocol.Closed, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
+			want:   protocol.Published{State: wire.Closed, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
 			limit:  40,
 		},
 		{
 			name:   "open keeps its transition time",
 			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateOpen, LastTransitionTime: ltt},
-			want:   protocol.Published{State: protocol.Open, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
+			want:   protocol.Published{State: wire.Open, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
 			limit:  0,
 		},
 		{
 			name:   "half-open",
 			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateHalfOpen, LastTransitionTime: ltt},
-			want:   protocol.Published{State: protocol.HalfOpen, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
+			want:   protocol.Published{State: wire.HalfOpen, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
 			limit:  3,
 		},
 		{
 			name:   "ramping continues at its step, restarted now",
 			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateRamping, RampStep: 2, LastTransitionTime: ltt},
-			want:   protocol.Published{State: protocol.Ramping, BreakerSince: t0, RampStep: 2, RampStepStarted: now},
+			want:   protocol.Published{State: wire.Ramping, BreakerSince: t0, RampStep: 2, RampStepStarted: now},
 			limit:  20,
 		},
 		{
 			name: "a step back below the first step keeps its limit and ceiling",
 			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateRamping, RampStep: 0, CurrentLimit: 2, RampCeiling: 5,
 				LastTransitionTime: ltt},
-			want: protocol.Published{State: protocol.Ramping, BreakerSince: t0, RampStep: 0, RampStepStarted: now,
+			want: protocol.Published{State: wire.Ramping, BreakerSince: t0, RampStep: 0, RampStepStarted: now,
 				RampLimit: 2, RampCeiling: 5, RampBackoffs: 1},
 			limit: 2,
 		},
@@ -94,19 +95,19 @@ func TestRestoreFromStatus(t *testing.T) {
 			name: "a step back to a step keeps its ceiling",
 			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateRamping, RampStep: 1, CurrentLimit: 10, RampCeiling: 20,
 				LastTransitionTime: ltt},
-			want: protocol.Published{State: protocol.Ramping, BreakerSince: t0, RampStep: 1, RampStepStarted: now,
+			want: protocol.Published{State: wire.Ramping, BreakerSince: t0, RampStep: 1, RampStepStarted: now,
 				RampCeiling: 20, RampBackoffs: 1},
 			limit: 10,
 		},
 		{
 			name:   "a step beyond the schedule is clamped",
 			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateRamping, RampStep: 9, LastTransitionTime: ltt},
-			want:   protocol.Published{State: protocol.Ramping, BreakerSince: t0, RampStep: 3, RampStepStarted: now},
+			want:   protocol.Published{State: wire.Ramping, BreakerSince: t0, RampStep: 3, RampStepStarted: now},
 		},
 		{
 			name:   "a transition time in the future is now",
 			status: spillwayv1alpha1.DependencyPolicyStatus{State: spillwayv1alpha1.StateOpen, LastTransitionTime: &metav1.Time{Time: now.Add(time.Hour)}},
-			want:   protocol.Published{State: protocol.Open, BreakerSince: now, RampStep: 3, RampStepStarted: now},
+			want:   protocol.Published{State: wire.Open, BreakerSince: now, RampStep: 3, RampStepStarted: now},
 		},
 	}
 	for _, tt := range tests {
@@ -114,7 +115,7 @@ func TestRestoreFromStatus(t *testing.T) {
 			g := NewWithT(t)
 			got := RestoreFromStatus(tt.status, p, now)
 			g.Expect(got).To(Equal(tt.want))
-			if tt.limit != 0 || tt.want.State == protocol.Open {
+			if tt.limit != 0 || tt.want.State == wire.Open {
 				// The first plan from a restored state keeps it, at epoch 1.
 				out := Plan(PlanInput{Params: p, Previous: got, Now: now})
 				g.Expect(out.Next.State).To(Equal(tt.want.State))

@@ -18,7 +18,6 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
-	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -31,7 +30,8 @@ import (
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/policy"
-	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/clock"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // Finalizer holds a DependencyPolicy until its autoscalers got the user's
@@ -53,9 +53,9 @@ type PolicyReconciler struct {
 	Redis redis.UniversalClient
 	// Recorder emits Events. Default: the manager's, as ControllerName.
 	Recorder events.EventRecorder
-	// Clock is the time status and the scale checks go by. Default: the wall
-	// clock.
-	Clock clock.PassiveClock
+	// Clock is the time status and the scale checks go by. Default:
+	// clock.System, the wall clock.
+	Clock clock.Clock
 	// Discovery tells a scale target without a scale subresource from a
 	// missing one. Default: from the manager's config.
 	Discovery discovery.DiscoveryInterface
@@ -139,7 +139,7 @@ func (r *PolicyReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 func (r *PolicyReconciler) setDefaults() {
 	r.Options = r.Options.withDefaults()
 	if r.Clock == nil {
-		r.Clock = clock.RealClock{}
+		r.Clock = clock.System{}
 	}
 	r.backoff = workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](time.Second, max(r.Options.MaxRetryDelay, r.Options.StatusInterval))
 }
@@ -256,9 +256,9 @@ func (o *observed) current(pol *spillwayv1alpha1.DependencyPolicy) bool {
 
 // state is the state status shows once updateStatus ran: the last
 // evaluation's, when it published, or what status already says.
-func (o *observed) state(pol *spillwayv1alpha1.DependencyPolicy) protocol.State {
+func (o *observed) state(pol *spillwayv1alpha1.DependencyPolicy) wire.State {
 	if o.Evaluated && o.Evaluation.Err == nil {
 		return o.Evaluation.Published.State
 	}
-	return protocol.State(pol.Status.State)
+	return wireState(pol.Status.State)
 }

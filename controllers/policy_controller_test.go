@@ -17,6 +17,7 @@ import (
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 func init() {
@@ -161,7 +162,7 @@ func TestRestartMidRampContinues(t *testing.T) {
 
 	first.stop(t)
 	before := w.published(g)
-	g.Expect(before.State).To(Equal(protocol.Ramping))
+	g.Expect(before.State).To(Equal(wire.Ramping))
 	g.Expect(before.Limit).To(Equal(int64(10)))
 	time.Sleep(time.Second)
 
@@ -171,18 +172,18 @@ func TestRestartMidRampContinues(t *testing.T) {
 		firstAfter = w.published(g)
 		return firstAfter.UpdatedAt.After(before.UpdatedAt)
 	}).WithPolling(5 * time.Millisecond).Should(BeTrue())
-	g.Expect(firstAfter.State).To(Equal(protocol.Ramping))
+	g.Expect(firstAfter.State).To(Equal(wire.Ramping))
 	g.Expect(firstAfter.Limit).To(BeElementOf(int64(10), int64(20)), "the ramp continues, not from 5 and not at 40")
 	g.Expect(firstAfter.Epoch).To(Equal(before.Epoch))
 
 	var seen []int64
-	g.Eventually(func(g Gomega) protocol.State {
+	g.Eventually(func(g Gomega) wire.State {
 		p := w.published(g)
 		if len(seen) == 0 || seen[len(seen)-1] != p.Limit {
 			seen = append(seen, p.Limit)
 		}
 		return p.State
-	}).WithTimeout(15 * time.Second).Should(Equal(protocol.Closed))
+	}).WithTimeout(15 * time.Second).Should(Equal(wire.Closed))
 	g.Expect(seen).NotTo(ContainElement(int64(5)), "limits after the restart: %v", seen)
 	t.Logf("Limits after the restart: %v", seen)
 }

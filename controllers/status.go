@@ -15,6 +15,7 @@ import (
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // updateStatus writes to pol's status what the policy reconciler observed,
@@ -65,7 +66,7 @@ func updateStatus(pol *spillwayv1alpha1.DependencyPolicy, obs *observed) {
 		pol.Status.ObservedGeneration = pol.Generation
 	}
 
-	state := protocol.State(pol.Status.State)
+	state := wireState(pol.Status.State)
 	consumers := consumersBoundedCondition(obs.Consumers)
 	setCondition(pol, consumers)
 	ready = readySummary(ready, consumers)
@@ -75,7 +76,7 @@ func updateStatus(pol *spillwayv1alpha1.DependencyPolicy, obs *observed) {
 	}
 	setCondition(pol, ready)
 	openUntil := time.Time{}
-	if obs.Evaluated && ev.Published.State == protocol.Open {
+	if obs.Evaluated && ev.Published.State == wire.Open {
 		openUntil = ev.Published.OpenUntil
 	}
 	setCondition(pol, breakerOpenCondition(state, openUntil, obs.Params.Breaker.HalfOpenProbes))
@@ -137,10 +138,18 @@ func statusInterval(pol *spillwayv1alpha1.DependencyPolicy, interval time.Durati
 	return interval/2 + time.Duration(float64(interval/2)*float64(h.Sum32())/float64(math.MaxUint32+1))
 }
 
+// apiState and wireState are the one place the controller converts between
+// the fleet's state (wire.State, as Redis and the control law hold it) and the
+// status field's CRD type; their strings are the same, which
+// TestAPIStatesAreWireStates pins.
+func apiState(s wire.State) spillwayv1alpha1.BreakerState { return spillwayv1alpha1.BreakerState(s) }
+
+func wireState(s spillwayv1alpha1.BreakerState) wire.State { return wire.State(s) }
+
 // setPublishedStatus records a publication and its window in st, at the
 // seconds' precision status is stored with.
 func setPublishedStatus(st *spillwayv1alpha1.DependencyPolicyStatus, p protocol.Published, w protocol.Window, at time.Time) {
-	st.State = spillwayv1alpha1.BreakerState(p.State)
+	st.State = apiState(p.State)
 	st.CurrentLimit = int32(min(p.Limit, math.MaxInt32))
 	st.RampStep = int32(p.RampStep)
 	st.RampCeiling = int32(min(p.RampCeiling, math.MaxInt32))
@@ -157,7 +166,7 @@ func setPublishedStatus(st *spillwayv1alpha1.DependencyPolicyStatus, p protocol.
 // last changed state, or, for a ramp that completed, when it reached its last
 // step. It comes from Redis, so it is exact after a restart too.
 func transitionTime(p protocol.Published) time.Time {
-	if p.State == protocol.Closed && p.RampStepStarted.After(p.BreakerSince) {
+	if p.State == wire.Closed && p.RampStepStarted.After(p.BreakerSince) {
 		return p.RampStepStarted
 	}
 	return p.BreakerSince

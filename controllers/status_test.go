@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"math/big"
 	"math/rand/v2"
@@ -25,6 +26,7 @@ import (
 	"github.com/spillway-dev/spillway/config/crd"
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // TestObservedGenerationFollowsTheEvaluator: a spec change made while Redis
@@ -310,4 +312,37 @@ func TestStatusDue(t *testing.T) {
 			t.Error("statusDue = false, want true")
 		}
 	})
+}
+
+// The status field's CRD type and enum hold exactly the fleet's states, with
+// the same strings, so apiState and wireState convert without a table.
+func TestAPIStatesAreWireStates(t *testing.T) {
+	g := NewWithT(t)
+	pairs := []struct {
+		api  spillwayv1alpha1.BreakerState
+		wire wire.State
+	}{
+		{spillwayv1alpha1.StateClosed, wire.Closed},
+		{spillwayv1alpha1.StateOpen, wire.Open},
+		{spillwayv1alpha1.StateHalfOpen, wire.HalfOpen},
+		{spillwayv1alpha1.StateRamping, wire.Ramping},
+	}
+	var wantEnum []string
+	for _, p := range pairs {
+		g.Expect(apiState(p.wire)).To(Equal(p.api))
+		g.Expect(wireState(p.api)).To(Equal(p.wire))
+		g.Expect(p.wire.Valid()).To(BeTrue())
+		wantEnum = append(wantEnum, string(p.wire))
+	}
+
+	var def apiextensionsv1.CustomResourceDefinition
+	g.Expect(yaml.Unmarshal(crd.DependencyPolicyCRD, &def)).To(Succeed())
+	state := def.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"].Properties["state"]
+	var enum []string
+	for _, v := range state.Enum {
+		var s string
+		g.Expect(json.Unmarshal(v.Raw, &s)).To(Succeed())
+		enum = append(enum, s)
+	}
+	g.Expect(enum).To(ConsistOf(wantEnum), "the CRD's status.state enum")
 }

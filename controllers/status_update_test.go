@@ -10,13 +10,14 @@ import (
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // TestUpdateStatus drives updateStatus, without a cluster, through the three
 // kinds of reconcile: a valid policy, an invalid spec and a deletion.
 func TestUpdateStatus(t *testing.T) {
 	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	published := protocol.Published{State: protocol.Open, Limit: 0, Capacity: 40, Epoch: 3,
+	published := protocol.Published{State: wire.Open, Limit: 0, Capacity: 40, Epoch: 3,
 		BreakerSince: at.Add(-time.Minute), OpenUntil: at.Add(time.Minute)}
 	policyAt := func(gen int64) *spillwayv1alpha1.DependencyPolicy {
 		pol := &spillwayv1alpha1.DependencyPolicy{}
@@ -39,7 +40,7 @@ func TestUpdateStatus(t *testing.T) {
 		meta.SetStatusCondition(&pol.Status.Conditions, stalledCondition(errors.New("old")))
 		updateStatus(pol, &observed{Evaluated: true, Evaluation: evaluation{Published: published, At: at, Generation: 2},
 			Params: seedParams(t), Consumers: bounded})
-		g.Expect(pol.Status.State).To(Equal(spillwayv1alpha1.BreakerState(protocol.Open)))
+		g.Expect(pol.Status.State).To(Equal(spillwayv1alpha1.StateOpen))
 		g.Expect(pol.Status.ObservedGeneration).To(Equal(int64(2)))
 		g.Expect(pol.Status.LastTransitionTime.Time).To(Equal(published.BreakerSince))
 		g.Expect(status(pol, ConditionReady)).To(Equal("True/" + ReasonEvaluated))
@@ -56,18 +57,18 @@ func TestUpdateStatus(t *testing.T) {
 		pol := policyAt(3)
 		updateStatus(pol, &observed{Evaluated: true, Evaluation: evaluation{Published: published, At: at, Generation: 2},
 			Params: seedParams(t), Consumers: bounded})
-		g.Expect(pol.Status.State).To(Equal(spillwayv1alpha1.BreakerState(protocol.Open)))
+		g.Expect(pol.Status.State).To(Equal(spillwayv1alpha1.StateOpen))
 		g.Expect(pol.Status.ObservedGeneration).To(Equal(int64(1)))
 	})
 
 	t.Run("a failed evaluation keeps the published status", func(t *testing.T) {
 		g := NewWithT(t)
 		pol := policyAt(2)
-		pol.Status.State = spillwayv1alpha1.BreakerState(protocol.Closed)
+		pol.Status.State = spillwayv1alpha1.StateClosed
 		updateStatus(pol, &observed{Evaluated: true, Evaluation: evaluation{Published: published, At: at, Generation: 2,
 			Err: &evalError{reason: ReasonRedisUnavailable, err: errors.New("connection refused")}},
 			Params: seedParams(t), Consumers: bounded})
-		g.Expect(pol.Status.State).To(Equal(spillwayv1alpha1.BreakerState(protocol.Closed)))
+		g.Expect(pol.Status.State).To(Equal(spillwayv1alpha1.StateClosed))
 		g.Expect(pol.Status.ObservedGeneration).To(Equal(int64(1)))
 		g.Expect(status(pol, ConditionReady)).To(Equal("False/" + ReasonRedisUnavailable))
 	})
@@ -97,7 +98,7 @@ func TestUpdateStatus(t *testing.T) {
 		g.Expect(status(pol, ConditionStalled)).To(Equal("True/" + ReasonInvalidSpec))
 		g.Expect(status(pol, ConditionReady)).To(Equal("False/" + ReasonInvalidSpec))
 		g.Expect(pol.Status.ObservedGeneration).To(Equal(int64(2)))
-		g.Expect(pol.Status.State).To(Equal(spillwayv1alpha1.BreakerState(protocol.Closed)))
+		g.Expect(pol.Status.State).To(Equal(spillwayv1alpha1.StateClosed))
 		g.Expect(pol.Status.CurrentLimit).To(Equal(int32(40)))
 	})
 

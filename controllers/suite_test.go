@@ -31,6 +31,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/internal/testenv"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // env is the kube-apiserver and etcd every test in this package talks to,
@@ -290,7 +291,7 @@ func (w *worker) report(g Gomega, n int, outcome protocol.Outcome) int {
 		}
 		admitted++
 		var probeEpoch int64
-		if adm.State == protocol.HalfOpen {
+		if adm.State == wire.HalfOpen {
 			probeEpoch = adm.Epoch
 		}
 		_, err = w.c.Release(ctx, adm.Member, probeEpoch, outcome, 1)

@@ -2,9 +2,14 @@
 // Spillway.
 //
 // It is pure: it performs no I/O, starts no goroutines and reads time only
-// from an injected Clock, so the controller (wall clock), the worker library,
-// the service middleware and the discrete-event simulator (virtual clock) all
-// drive exactly the same arithmetic.
+// from an injected clock.Clock, so the controller (wall clock), the worker
+// library, the service middleware and the discrete-event simulator (virtual
+// clock) all drive exactly the same arithmetic.
+//
+// Its states are wire.Closed, wire.Open and wire.HalfOpen, the fleet's state
+// type (pkg/wire) that the controller publishes; a breaker never takes
+// wire.Ramping, which internal/control derives from a Closed breaker and the
+// ramp.
 //
 // The Breaker does not count calls itself. The caller counts calls and
 // failures from WindowStart onwards (and, while HalfOpen, the probe calls made
@@ -26,31 +31,10 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/spillway-dev/spillway/pkg/clock"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
-
-// State is the state of a circuit breaker. The string values are the ones
-// persisted by the controller (Redis and the resource status).
-type State string
-
-const (
-	// Closed lets all calls through while the failure ratio is counted.
-	Closed State = "Closed"
-	// Open rejects calls until OpenDuration has elapsed.
-	Open State = "Open"
-	// HalfOpen lets a limited number of probe calls through to test recovery.
-	HalfOpen State = "HalfOpen"
-)
-
-// Valid reports whether s is one of Closed, Open or HalfOpen.
-func (s State) Valid() bool {
-	return s == Closed || s == Open || s == HalfOpen
-}
-
-// Clock supplies the current time. The controller uses the wall clock and the
-// simulator a virtual clock; tests use a fake.
-type Clock interface {
-	Now() time.Time
-}
 
 // Config is the breaker policy.
 type Config struct {
@@ -102,7 +86,7 @@ type Counts struct {
 // Restore continues from it.
 type Snapshot struct {
 	// State is the current state.
-	State State
+	State wire.State
 	// Since is the time of the last transition (or of creation).
 	Since time.Time
 }
@@ -110,9 +94,9 @@ type Snapshot struct {
 // Transition records one state change made by Evaluate.
 type Transition struct {
 	// From is the state before the transition.
-	From State
+	From wire.State
 	// To is the state after the transition.
-	To State
+	To wire.State
 	// At is when it happened: the clock's time during Evaluate, which is
 	// also the new Since.
 	At time.Time
@@ -123,8 +107,8 @@ type Transition struct {
 type Breaker struct {
 	mu    sync.Mutex
 	cfg   Config
-	clk   Clock
-	state State
+	clk   clock.Clock
+	state wire.State
 	since time.Time
 }
 
@@ -133,8 +117,8 @@ type Breaker struct {
 // New does not validate cfg; callers validate policy with Config.Validate
 // first. Evaluate nevertheless never opens on fewer than one call and never
 // closes on fewer than one successful probe.
-func New(cfg Config, clk Clock) *Breaker {
-	return &Breaker{cfg: cfg, clk: clk, state: Closed, since: clk.Now()}
+func New(cfg Config, clk clock.Clock) *Breaker {
+	return &Breaker{cfg: cfg, clk: clk, state: wire.Closed, since: clk.Now()}
 }
 
 // Restore returns a breaker that continues from a persisted Snapshot.
@@ -143,10 +127,10 @@ func New(cfg Config, clk Clock) *Breaker {
 // as New would: Closed since clk.Now(). A Since later than clk.Now() (clock
 // skew between controller replicas) is clamped to clk.Now(), so the counting
 // window never starts in the future.
-func Restore(cfg Config, clk Clock, s Snapshot) *Breaker {
+func Restore(cfg Config, clk clock.Clock, s Snapshot) *Breaker {
 	now := clk.Now()
-	if !s.State.Valid() {
-		return &Breaker{cfg: cfg, clk: clk, state: Closed, since: now}
+	if !s.State.IsBreakerState() {
+		return &Breaker{cfg: cfg, clk: clk, state: wire.Closed, since: now}
 	}
 	since := s.Since
 	if since.After(now) {
@@ -163,7 +147,7 @@ func (b *Breaker) Snapshot() Snapshot {
 }
 
 // State returns the current state.
-func (b *Breaker) State() State {
+func (b *Breaker) State() wire.State {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.state
@@ -220,20 +204,20 @@ func (b *Breaker) Evaluate(window Counts, probes Counts) (Transition, bool) {
 }
 
 // next returns the state the breaker moves to at now, if any.
-func (b *Breaker) next(now time.Time, window, probes Counts) (State, bool) {
+func (b *Breaker) next(now time.Time, window, probes Counts) (wire.State, bool) {
 	switch b.state {
-	case Closed:
-		return Open, b.tripped(window)
-	case Open:
-		return HalfOpen, now.Sub(b.since) >= b.cfg.OpenDuration
-	case HalfOpen:
+	case wire.Closed:
+		return wire.Open, b.tripped(window)
+	case wire.Open:
+		return wire.HalfOpen, now.Sub(b.since) >= b.cfg.OpenDuration
+	case wire.HalfOpen:
 		if probes.Failures > 0 {
-			return Open, true
+			return wire.Open, true
 		}
 		if probes.Calls-probes.Failures >= max(b.cfg.HalfOpenProbes, 1) {
-			return Closed, true
+			return wire.Closed, true
 		}
-		return Open, now.Sub(b.since) >= b.cfg.OpenDuration
+		return wire.Open, now.Sub(b.since) >= b.cfg.OpenDuration
 	}
 	return "", false
 }

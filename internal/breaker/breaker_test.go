@@ -5,9 +5,11 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
-// fakeClock is a manually advanced Clock.
+// fakeClock is a manually advanced clock.Clock.
 type fakeClock struct{ now time.Time }
 
 func (c *fakeClock) Now() time.Time          { return c.now }
@@ -68,15 +70,15 @@ func nan() float64 {
 	return zero / zero
 }
 
-func TestStateValid(t *testing.T) {
-	for _, s := range []State{Closed, Open, HalfOpen} {
-		if !s.Valid() {
-			t.Errorf("%q.Valid() = false", s)
-		}
-	}
-	for _, s := range []State{"", "closed", "Half-Open"} {
-		if s.Valid() {
-			t.Errorf("%q.Valid() = true", s)
+// A snapshot whose state is not the breaker's own (Ramping, an unknown or
+// empty string) restores as New would: Closed since now.
+func TestRestoreNonBreakerState(t *testing.T) {
+	for _, s := range []wire.State{wire.Ramping, "", "closed", "Half-Open"} {
+		clk := newClock()
+		clk.Advance(time.Minute)
+		b := Restore(testConfig(), clk, Snapshot{State: s, Since: t0})
+		if got, want := b.Snapshot(), (Snapshot{State: wire.Closed, Since: clk.Now()}); got != want {
+			t.Errorf("Restore(%q) = %+v, want %+v", s, got, want)
 		}
 	}
 }
@@ -84,11 +86,11 @@ func TestStateValid(t *testing.T) {
 func TestNew(t *testing.T) {
 	clk := newClock()
 	b := New(testConfig(), clk)
-	if got, want := b.Snapshot(), (Snapshot{State: Closed, Since: t0}); got != want {
+	if got, want := b.Snapshot(), (Snapshot{State: wire.Closed, Since: t0}); got != want {
 		t.Fatalf("Snapshot() = %+v, want %+v", got, want)
 	}
-	if b.State() != Closed {
-		t.Fatalf("State() = %q, want Closed", b.State())
+	if b.State() != wire.Closed {
+		t.Fatalf("wire.State() = %q, want wire.Closed", b.State())
 	}
 }
 
@@ -127,16 +129,16 @@ func TestEvaluateClosed(t *testing.T) {
 				t.Fatalf("Evaluate(%+v) changed = %v, want %v", tt.window, ok, tt.wantOpen)
 			}
 			if !ok {
-				if tr != (Transition{}) || b.State() != Closed || b.Snapshot().Since != t0 {
+				if tr != (Transition{}) || b.State() != wire.Closed || b.Snapshot().Since != t0 {
 					t.Fatalf("no-op Evaluate returned %+v, snapshot %+v", tr, b.Snapshot())
 				}
 				return
 			}
 			now := t0.Add(5 * time.Second)
-			if want := (Transition{From: Closed, To: Open, At: now}); tr != want {
+			if want := (Transition{From: wire.Closed, To: wire.Open, At: now}); tr != want {
 				t.Fatalf("Evaluate() = %+v, want %+v", tr, want)
 			}
-			if got, want := b.Snapshot(), (Snapshot{State: Open, Since: now}); got != want {
+			if got, want := b.Snapshot(), (Snapshot{State: wire.Open, Since: now}); got != want {
 				t.Fatalf("Snapshot() = %+v, want %+v", got, want)
 			}
 		})
@@ -157,7 +159,7 @@ func TestEvaluateOpen(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := newClock()
-			b := Restore(testConfig(), clk, Snapshot{State: Open, Since: t0})
+			b := Restore(testConfig(), clk, Snapshot{State: wire.Open, Since: t0})
 			clk.Advance(tt.elapsed)
 			// Counts are ignored while Open: neither a clean window nor
 			// failed probes change anything.
@@ -166,13 +168,13 @@ func TestEvaluateOpen(t *testing.T) {
 				t.Fatalf("Evaluate() changed = %v, want %v", ok, tt.wantHalfOpen)
 			}
 			if !ok {
-				if b.State() != Open {
-					t.Fatalf("State() = %q, want Open", b.State())
+				if b.State() != wire.Open {
+					t.Fatalf("wire.State() = %q, want wire.Open", b.State())
 				}
 				return
 			}
 			now := t0.Add(tt.elapsed)
-			if want := (Transition{From: Open, To: HalfOpen, At: now}); tr != want {
+			if want := (Transition{From: wire.Open, To: wire.HalfOpen, At: now}); tr != want {
 				t.Fatalf("Evaluate() = %+v, want %+v", tr, want)
 			}
 			if got := b.Snapshot(); got.Since != now {
@@ -186,21 +188,21 @@ func TestEvaluateHalfOpen(t *testing.T) {
 	tests := []struct {
 		name   string
 		probes Counts
-		want   State // "" means no transition
+		want   wire.State // "" means no transition
 	}{
 		{name: "no probes yet", probes: Counts{}},
 		{name: "some successes", probes: Counts{Calls: 2}},
-		{name: "enough successes", probes: Counts{Calls: 3}, want: Closed},
-		{name: "more than enough", probes: Counts{Calls: 7}, want: Closed},
-		{name: "one failure", probes: Counts{Calls: 1, Failures: 1}, want: Open},
-		{name: "failure after successes", probes: Counts{Calls: 4, Failures: 1}, want: Open},
-		{name: "failure beats enough successes", probes: Counts{Calls: 10, Failures: 1}, want: Open},
-		{name: "inconsistent counts still reopen", probes: Counts{Calls: 0, Failures: 2}, want: Open},
+		{name: "enough successes", probes: Counts{Calls: 3}, want: wire.Closed},
+		{name: "more than enough", probes: Counts{Calls: 7}, want: wire.Closed},
+		{name: "one failure", probes: Counts{Calls: 1, Failures: 1}, want: wire.Open},
+		{name: "failure after successes", probes: Counts{Calls: 4, Failures: 1}, want: wire.Open},
+		{name: "failure beats enough successes", probes: Counts{Calls: 10, Failures: 1}, want: wire.Open},
+		{name: "inconsistent counts still reopen", probes: Counts{Calls: 0, Failures: 2}, want: wire.Open},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := newClock()
-			b := Restore(testConfig(), clk, Snapshot{State: HalfOpen, Since: t0})
+			b := Restore(testConfig(), clk, Snapshot{State: wire.HalfOpen, Since: t0})
 			clk.Advance(time.Second)
 			// The window is ignored while HalfOpen.
 			tr, ok := b.Evaluate(Counts{Calls: 100, Failures: 100}, tt.probes)
@@ -208,13 +210,13 @@ func TestEvaluateHalfOpen(t *testing.T) {
 				t.Fatalf("Evaluate(probes %+v) changed = %v, want %v", tt.probes, ok, tt.want != "")
 			}
 			if !ok {
-				if b.State() != HalfOpen {
-					t.Fatalf("State() = %q, want HalfOpen", b.State())
+				if b.State() != wire.HalfOpen {
+					t.Fatalf("wire.State() = %q, want wire.HalfOpen", b.State())
 				}
 				return
 			}
 			now := t0.Add(time.Second)
-			if want := (Transition{From: HalfOpen, To: tt.want, At: now}); tr != want {
+			if want := (Transition{From: wire.HalfOpen, To: tt.want, At: now}); tr != want {
 				t.Fatalf("Evaluate() = %+v, want %+v", tr, want)
 			}
 			if got, want := b.Snapshot(), (Snapshot{State: tt.want, Since: now}); got != want {
@@ -231,8 +233,8 @@ func TestEvaluateOneTransitionPerCall(t *testing.T) {
 	clean := Counts{Calls: 3}
 
 	clk.Advance(time.Hour)
-	if tr, _ := b.Evaluate(tripping, clean); tr.To != Open {
-		t.Fatalf("first Evaluate = %+v, want Closed->Open", tr)
+	if tr, _ := b.Evaluate(tripping, clean); tr.To != wire.Open {
+		t.Fatalf("first Evaluate = %+v, want wire.Closed->wire.Open", tr)
 	}
 	// Even with counts that would satisfy every later rule, the breaker
 	// stays Open until OpenDuration has elapsed since it opened.
@@ -240,11 +242,11 @@ func TestEvaluateOneTransitionPerCall(t *testing.T) {
 		t.Fatalf("second Evaluate at same instant = %+v, want no transition", tr)
 	}
 	clk.Advance(30 * time.Second)
-	if tr, _ := b.Evaluate(tripping, clean); tr.To != HalfOpen {
-		t.Fatalf("third Evaluate = %+v, want Open->HalfOpen", tr)
+	if tr, _ := b.Evaluate(tripping, clean); tr.To != wire.HalfOpen {
+		t.Fatalf("third Evaluate = %+v, want wire.Open->wire.HalfOpen", tr)
 	}
-	if tr, _ := b.Evaluate(tripping, clean); tr.To != Closed {
-		t.Fatalf("fourth Evaluate = %+v, want HalfOpen->Closed", tr)
+	if tr, _ := b.Evaluate(tripping, clean); tr.To != wire.Closed {
+		t.Fatalf("fourth Evaluate = %+v, want wire.HalfOpen->wire.Closed", tr)
 	}
 }
 
@@ -255,17 +257,17 @@ func TestFullCycle(t *testing.T) {
 		advance time.Duration
 		window  Counts
 		probes  Counts
-		want    State // "" means no transition
+		want    wire.State // "" means no transition
 	}
 	steps := []step{
 		{advance: 10 * time.Second, window: Counts{Calls: 20, Failures: 2}},
-		{advance: 10 * time.Second, window: Counts{Calls: 20, Failures: 12}, want: Open},
+		{advance: 10 * time.Second, window: Counts{Calls: 20, Failures: 12}, want: wire.Open},
 		{advance: 29 * time.Second},
-		{advance: time.Second, want: HalfOpen},
-		{advance: time.Second, probes: Counts{Calls: 1, Failures: 1}, want: Open},
-		{advance: 30 * time.Second, want: HalfOpen},
+		{advance: time.Second, want: wire.HalfOpen},
+		{advance: time.Second, probes: Counts{Calls: 1, Failures: 1}, want: wire.Open},
+		{advance: 30 * time.Second, want: wire.HalfOpen},
 		{advance: time.Second, probes: Counts{Calls: 2}},
-		{advance: time.Second, probes: Counts{Calls: 3}, want: Closed},
+		{advance: time.Second, probes: Counts{Calls: 3}, want: wire.Closed},
 		{advance: time.Second, window: Counts{Calls: 9, Failures: 9}},
 	}
 	for i, s := range steps {
@@ -294,7 +296,7 @@ func TestWindowStart(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := &fakeClock{now: t0.Add(tt.now)}
-			b := Restore(testConfig(), clk, Snapshot{State: Closed, Since: t0.Add(tt.since)})
+			b := Restore(testConfig(), clk, Snapshot{State: wire.Closed, Since: t0.Add(tt.since)})
 			if got, want := b.WindowStart(), t0.Add(tt.want); !got.Equal(want) {
 				t.Fatalf("WindowStart() = %v, want %v", got, want)
 			}
@@ -304,9 +306,9 @@ func TestWindowStart(t *testing.T) {
 
 func TestWindowStartExcludesFailuresBeforeClose(t *testing.T) {
 	clk := newClock()
-	b := Restore(testConfig(), clk, Snapshot{State: HalfOpen, Since: t0})
+	b := Restore(testConfig(), clk, Snapshot{State: wire.HalfOpen, Since: t0})
 	clk.Advance(10 * time.Second)
-	if _, ok := b.Evaluate(Counts{}, Counts{Calls: 3}); !ok || b.State() != Closed {
+	if _, ok := b.Evaluate(Counts{}, Counts{Calls: 3}); !ok || b.State() != wire.Closed {
 		t.Fatalf("breaker did not close: %+v", b.Snapshot())
 	}
 	closedAt := clk.Now()
@@ -322,12 +324,12 @@ func TestRestore(t *testing.T) {
 		snap Snapshot
 		want Snapshot
 	}{
-		{name: "closed", snap: Snapshot{State: Closed, Since: t0.Add(-time.Hour)}, want: Snapshot{State: Closed, Since: t0.Add(-time.Hour)}},
-		{name: "open", snap: Snapshot{State: Open, Since: t0.Add(-time.Second)}, want: Snapshot{State: Open, Since: t0.Add(-time.Second)}},
-		{name: "half open", snap: Snapshot{State: HalfOpen, Since: t0.Add(-time.Second)}, want: Snapshot{State: HalfOpen, Since: t0.Add(-time.Second)}},
-		{name: "zero snapshot", snap: Snapshot{}, want: Snapshot{State: Closed, Since: t0}},
-		{name: "unknown state", snap: Snapshot{State: "open", Since: t0.Add(-time.Hour)}, want: Snapshot{State: Closed, Since: t0}},
-		{name: "since in the future", snap: Snapshot{State: Open, Since: t0.Add(time.Minute)}, want: Snapshot{State: Open, Since: t0}},
+		{name: "closed", snap: Snapshot{State: wire.Closed, Since: t0.Add(-time.Hour)}, want: Snapshot{State: wire.Closed, Since: t0.Add(-time.Hour)}},
+		{name: "open", snap: Snapshot{State: wire.Open, Since: t0.Add(-time.Second)}, want: Snapshot{State: wire.Open, Since: t0.Add(-time.Second)}},
+		{name: "half open", snap: Snapshot{State: wire.HalfOpen, Since: t0.Add(-time.Second)}, want: Snapshot{State: wire.HalfOpen, Since: t0.Add(-time.Second)}},
+		{name: "zero snapshot", snap: Snapshot{}, want: Snapshot{State: wire.Closed, Since: t0}},
+		{name: "unknown state", snap: Snapshot{State: "open", Since: t0.Add(-time.Hour)}, want: Snapshot{State: wire.Closed, Since: t0}},
+		{name: "since in the future", snap: Snapshot{State: wire.Open, Since: t0.Add(time.Minute)}, want: Snapshot{State: wire.Open, Since: t0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -353,14 +355,14 @@ func TestRestoreContinuesOpenTimer(t *testing.T) {
 		t.Fatalf("restored breaker half-opened early: %+v", r.Snapshot())
 	}
 	clk.Advance(10 * time.Second)
-	if tr, ok := r.Evaluate(Counts{}, Counts{}); !ok || tr.To != HalfOpen {
-		t.Fatalf("Evaluate() = %+v, %v; want Open->HalfOpen", tr, ok)
+	if tr, ok := r.Evaluate(Counts{}, Counts{}); !ok || tr.To != wire.HalfOpen {
+		t.Fatalf("Evaluate() = %+v, %v; want wire.Open->wire.HalfOpen", tr, ok)
 	}
 }
 
 func TestSetConfig(t *testing.T) {
 	clk := newClock()
-	b := Restore(testConfig(), clk, Snapshot{State: Open, Since: t0})
+	b := Restore(testConfig(), clk, Snapshot{State: wire.Open, Since: t0})
 	clk.Advance(10 * time.Second)
 	if _, ok := b.Evaluate(Counts{}, Counts{}); ok {
 		t.Fatal("half-opened before OpenDuration")
@@ -369,13 +371,13 @@ func TestSetConfig(t *testing.T) {
 	cfg.OpenDuration = 5 * time.Second
 	cfg.HalfOpenProbes = 1
 	b.SetConfig(cfg)
-	if got := b.Snapshot(); got != (Snapshot{State: Open, Since: t0}) {
+	if got := b.Snapshot(); got != (Snapshot{State: wire.Open, Since: t0}) {
 		t.Fatalf("SetConfig changed the state: %+v", got)
 	}
-	if tr, ok := b.Evaluate(Counts{}, Counts{}); !ok || tr.To != HalfOpen {
+	if tr, ok := b.Evaluate(Counts{}, Counts{}); !ok || tr.To != wire.HalfOpen {
 		t.Fatalf("Evaluate() after shortening OpenDuration = %+v, %v", tr, ok)
 	}
-	if tr, ok := b.Evaluate(Counts{}, Counts{Calls: 1}); !ok || tr.To != Closed {
+	if tr, ok := b.Evaluate(Counts{}, Counts{Calls: 1}); !ok || tr.To != wire.Closed {
 		t.Fatalf("Evaluate() with new HalfOpenProbes = %+v, %v", tr, ok)
 	}
 	cfg.Window = 10 * time.Second
@@ -400,8 +402,8 @@ func TestConcurrentUse(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if b.State() != Open {
-		t.Fatalf("State() = %q, want Open (clock never advanced)", b.State())
+	if b.State() != wire.Open {
+		t.Fatalf("wire.State() = %q, want wire.Open (clock never advanced)", b.State())
 	}
 }
 
@@ -411,18 +413,18 @@ func TestConcurrentUse(t *testing.T) {
 func TestHalfOpenReopensWhenProbesNeverReport(t *testing.T) {
 	cfg := testConfig()
 	clk := newClock()
-	b := Restore(cfg, clk, Snapshot{State: HalfOpen, Since: t0})
+	b := Restore(cfg, clk, Snapshot{State: wire.HalfOpen, Since: t0})
 	clk.Advance(cfg.OpenDuration - time.Millisecond)
 	if _, ok := b.Evaluate(Counts{}, Counts{Calls: cfg.HalfOpenProbes - 1}); ok {
 		t.Fatalf("reopened before OpenDuration: %+v", b.Snapshot())
 	}
 	clk.Advance(time.Millisecond)
 	tr, ok := b.Evaluate(Counts{}, Counts{Calls: cfg.HalfOpenProbes - 1})
-	if !ok || tr.To != Open {
-		t.Fatalf("Evaluate() = %+v, %v; want a transition to Open after OpenDuration", tr, ok)
+	if !ok || tr.To != wire.Open {
+		t.Fatalf("Evaluate() = %+v, %v; want a transition to wire.Open after OpenDuration", tr, ok)
 	}
 	clk.Advance(cfg.OpenDuration)
-	if tr, ok := b.Evaluate(Counts{}, Counts{}); !ok || tr.To != HalfOpen {
-		t.Fatalf("Evaluate() = %+v, %v; want HalfOpen again", tr, ok)
+	if tr, ok := b.Evaluate(Counts{}, Counts{}); !ok || tr.To != wire.HalfOpen {
+		t.Fatalf("Evaluate() = %+v, %v; want wire.HalfOpen again", tr, ok)
 	}
 }

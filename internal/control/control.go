@@ -15,6 +15,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/internal/ramp"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // Event reasons of the transitions Plan reports. Reconcile emits each as a
@@ -59,7 +60,7 @@ type Transition struct {
 	Reason string
 	// From and To are the published states; they are equal for a ramp step
 	// inside Ramping.
-	From, To protocol.State
+	From, To wire.State
 	// Message says what happened, for the Event.
 	Message string
 }
@@ -73,7 +74,8 @@ type Output struct {
 	Transitions []Transition
 }
 
-// fixedClock is the instant a plan is made at.
+// fixedClock is the instant a plan is made at: a clock.Clock that stands
+// still.
 type fixedClock time.Time
 
 func (c fixedClock) Now() time.Time { return time.Time(c) }
@@ -125,7 +127,7 @@ func Plan(in Input) Output {
 	}
 
 	sb := in.Params.Ramp.StepBack
-	if prev.State == protocol.Ramping && judged(in.Params, r, in.Now) && in.Now.Before(settledAt(in.Params, r)) {
+	if prev.State == wire.Ramping && judged(in.Params, r, in.Now) && in.Now.Before(settledAt(in.Params, r)) {
 		window = breaker.Counts{}
 	}
 
@@ -139,7 +141,7 @@ func Plan(in Input) Output {
 	// capacity while it serves the rest; opening the breaker would drop the
 	// limit to 0 and start the ramp again at the same step.
 	verdict := ramp.Clean
-	if b.State() == breaker.Closed && judged(in.Params, r, in.Now) {
+	if b.State() == wire.Closed && judged(in.Params, r, in.Now) {
 		verdict = sb.Judge(window.Calls, window.Failures)
 	}
 
@@ -149,7 +151,7 @@ func Plan(in Input) Output {
 
 	var transitions []Transition
 	if t, ok := evaluateBreaker(b, counted, countedProbes, partial); ok {
-		if t.To == breaker.Open || t.To == breaker.Closed {
+		if t.To == wire.Open || t.To == wire.Closed {
 			r.Restart()
 		}
 		state := publishedState(b.State(), r)
@@ -163,7 +165,7 @@ func Plan(in Input) Output {
 			To:      state,
 			Message: msg,
 		})
-	} else if b.State() == breaker.Closed {
+	} else if b.State() == wire.Closed {
 		from := r.Limit()
 		switch {
 		case verdict == ramp.Back && r.StepBack():
@@ -205,7 +207,7 @@ func Plan(in Input) Output {
 		Seq:             prev.Seq,
 	}
 	next.Limit = Limit(in.Params, next.State, r.Limit())
-	if next.State == protocol.Open {
+	if next.State == wire.Open {
 		next.OpenUntil = snap.Since.Add(in.Params.Breaker.OpenDuration)
 		if next.StaleAfter > 0 {
 			next.StaleAfter += max(next.OpenUntil.Sub(in.Now), 0)
@@ -228,7 +230,7 @@ func Plan(in Input) Output {
 func WindowStart(p policy.Params, prev protocol.Published, now time.Time) time.Time {
 	b, r := restore(p, prev, fixedClock(now))
 	start := b.WindowStart()
-	if (prev.State == protocol.Ramping || prev.State == protocol.Closed) && judged(p, r, now) {
+	if (prev.State == wire.Ramping || prev.State == wire.Closed) && judged(p, r, now) {
 		start = later(start, r.Started())
 		if r.Settling() {
 			start = later(start, settledAt(p, r))
@@ -240,7 +242,7 @@ func WindowStart(p policy.Params, prev protocol.Published, now time.Time) time.T
 // evaluateBreaker is b.Evaluate, except that a partial failure the ramp steps
 // back from does not open a closed breaker.
 func evaluateBreaker(b *breaker.Breaker, window, probes breaker.Counts, partial bool) (breaker.Transition, bool) {
-	if partial && b.State() == breaker.Closed {
+	if partial && b.State() == wire.Closed {
 		return breaker.Transition{}, false
 	}
 	return b.Evaluate(window, probes)
@@ -281,20 +283,20 @@ func later(a, b time.Time) time.Time {
 // through Open and HalfOpen, so the autoscaler does not scale in while
 // throttled workers look idle, and through Ramping, so the fleet that the ramp
 // gives slots to is still there; it lets go once Closed at full capacity.
-func PinsMinReplicas(p policy.Params, state protocol.State) bool {
-	return p.PinMinReplicas && (state == protocol.Open || state == protocol.HalfOpen || state == protocol.Ramping)
+func PinsMinReplicas(p policy.Params, state wire.State) bool {
+	return p.PinMinReplicas && (state == wire.Open || state == wire.HalfOpen || state == wire.Ramping)
 }
 
 // Limit is the fleet-wide concurrency limit in state: 0 when Open,
 // breaker.halfOpenProbes when HalfOpen, rampLimit when Ramping and the
 // capacity when Closed.
-func Limit(p policy.Params, state protocol.State, rampLimit int64) int64 {
+func Limit(p policy.Params, state wire.State, rampLimit int64) int64 {
 	switch state {
-	case protocol.Open:
+	case wire.Open:
 		return 0
-	case protocol.HalfOpen:
+	case wire.HalfOpen:
 		return p.Breaker.HalfOpenProbes
-	case protocol.Ramping:
+	case wire.Ramping:
 		return rampLimit
 	}
 	return p.Capacity
@@ -310,7 +312,7 @@ func Limit(p policy.Params, state protocol.State, rampLimit int64) int64 {
 // keeps its transition time, so it half-opens when it would have; a ramp step
 // starts again at now, since its start is not in status. The epoch is 0, so
 // Plan publishes epoch 1 and any stale probe counts are cleared.
-func Restore(p policy.Params, state protocol.State, rampStep int, lastTransition, now time.Time) protocol.Published {
+func Restore(p policy.Params, state wire.State, rampStep int, lastTransition, now time.Time) protocol.Published {
 	return RestoreSaved(p, Saved{State: state, RampStep: rampStep, LastTransition: lastTransition}, now)
 }
 
@@ -318,7 +320,7 @@ func Restore(p policy.Params, state protocol.State, rampStep int, lastTransition
 // RestoreSaved.
 type Saved struct {
 	// State is status.state.
-	State protocol.State
+	State wire.State
 	// RampStep is status.rampStep.
 	RampStep int
 	// Limit is status.currentLimit: below the first ramp step, the limit a
@@ -342,7 +344,7 @@ func RestoreSaved(p policy.Params, s Saved, now time.Time) protocol.Published {
 		since = lastTransition
 	}
 	out := protocol.Published{
-		State:           protocol.Closed,
+		State:           wire.Closed,
 		BreakerSince:    since,
 		RampStep:        len(p.Ramp.Steps) - 1,
 		RampStepStarted: since,
@@ -350,10 +352,10 @@ func RestoreSaved(p policy.Params, s Saved, now time.Time) protocol.Published {
 	switch state {
 	case "":
 		out.RampStepStarted = since.Add(-p.Ramp.StepDuration)
-	case protocol.Open, protocol.HalfOpen:
+	case wire.Open, wire.HalfOpen:
 		out.State = state
-	case protocol.Ramping:
-		out.State = protocol.Ramping
+	case wire.Ramping:
+		out.State = wire.Ramping
 		out.RampStep = min(max(rampStep, 0), len(p.Ramp.Steps)-1)
 		out.RampStepStarted = now
 		if out.RampStep == 0 && len(p.Ramp.Steps) > 0 && s.Limit >= 1 && s.Limit < p.Ramp.Steps[0] {
@@ -370,10 +372,7 @@ func RestoreSaved(p policy.Params, s Saved, now time.Time) protocol.Published {
 // state means the ramp is done, whatever step was stored: a capacity change
 // must not turn a closed breaker into a ramp.
 func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker.Breaker, *ramp.Ramp) {
-	state := breaker.State(prev.State)
-	if prev.State == protocol.Ramping {
-		state = breaker.Closed
-	}
+	state := prev.State.BreakerState()
 	// A time after now was written by a clock ahead of Redis's (a manager
 	// before the evaluator planned by Redis time, or a Redis failover to a
 	// node behind): it counts as now, or the window would stay empty and the
@@ -384,7 +383,7 @@ func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker
 	}
 	b := breaker.Restore(p.Breaker, clk, breaker.Snapshot{State: state, Since: since})
 	step := prev.RampStep
-	if prev.State != protocol.Ramping && b.State() == breaker.Closed {
+	if prev.State != wire.Ramping && b.State() == wire.Closed {
 		step = len(p.Ramp.Steps) - 1
 	}
 	started := prev.RampStepStarted
@@ -401,18 +400,18 @@ func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker
 
 // publishedState is Ramping for a closed breaker whose ramp is not done, and
 // the breaker's state otherwise.
-func publishedState(s breaker.State, r *ramp.Ramp) protocol.State {
-	if s == breaker.Closed && !r.Done() {
-		return protocol.Ramping
+func publishedState(s wire.State, r *ramp.Ramp) wire.State {
+	if s == wire.Closed && !r.Done() {
+		return wire.Ramping
 	}
-	return protocol.State(s)
+	return s
 }
 
-func breakerReason(to breaker.State) string {
+func breakerReason(to wire.State) string {
 	switch to {
-	case breaker.Open:
+	case wire.Open:
 		return EventOpened
-	case breaker.HalfOpen:
+	case wire.HalfOpen:
 		return EventHalfOpened
 	}
 	return EventClosed
@@ -420,13 +419,13 @@ func breakerReason(to breaker.State) string {
 
 func breakerMessage(p policy.Params, t breaker.Transition, window, probes breaker.Counts, r *ramp.Ramp) string {
 	switch {
-	case t.To == breaker.Open && t.From == breaker.HalfOpen:
+	case t.To == wire.Open && t.From == wire.HalfOpen:
 		return fmt.Sprintf("A probe call failed (%d of %d failed): breaker reopened, limit 0 for %v",
 			probes.Failures, probes.Calls, p.Breaker.OpenDuration)
-	case t.To == breaker.Open:
+	case t.To == wire.Open:
 		return fmt.Sprintf("%d of %d calls failed or timed out (failure ratio %.2f): breaker opened, limit 0 for %v",
 			window.Failures, window.Calls, p.Breaker.FailureRatio, p.Breaker.OpenDuration)
-	case t.To == breaker.HalfOpen:
+	case t.To == wire.HalfOpen:
 		return fmt.Sprintf("Breaker half-open after %v: admitting %d probe calls", p.Breaker.OpenDuration, p.Breaker.HalfOpenProbes)
 	case r.Done():
 		return fmt.Sprintf("%d probe calls succeeded: breaker closed, limit %d (full capacity)", probes.Calls, r.Limit())

@@ -11,6 +11,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/ramp"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/retry"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -71,7 +72,7 @@ type step struct {
 	advance time.Duration
 	window  protocol.Window
 	probes  protocol.Probes
-	state   protocol.State
+	state   wire.State
 	limit   int64
 	epoch   int64
 	events  []string
@@ -110,19 +111,19 @@ var (
 func TestPlanSeedRecovery(t *testing.T) {
 	e := newEvaluator()
 	runSteps(t, e, []step{
-		{name: "first evaluation", state: protocol.Closed, limit: 40, epoch: 1},
-		{name: "healthy", advance: time.Second, window: healthy, state: protocol.Closed, limit: 40, epoch: 1},
-		{name: "19 calls cannot open", advance: time.Second, window: protocol.Window{Calls: 19, Failures: 19}, state: protocol.Closed, limit: 40, epoch: 1},
-		{name: "failures and timeouts open", advance: time.Second, window: burst, state: protocol.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
-		{name: "still open", advance: 59 * time.Second, window: burst, state: protocol.Open, limit: 0, epoch: 2},
-		{name: "half-open after 60s", advance: time.Second, state: protocol.HalfOpen, limit: 3, epoch: 3, events: []string{EventHalfOpened}},
-		{name: "two probes are not enough", advance: time.Second, probes: protocol.Probes{Successes: 2}, state: protocol.HalfOpen, limit: 3, epoch: 3},
-		{name: "three probes close", advance: time.Second, probes: probes3, state: protocol.Ramping, limit: 5, epoch: 4, events: []string{EventClosed}},
-		{name: "59 clean seconds", advance: 59 * time.Second, window: healthy, state: protocol.Ramping, limit: 5, epoch: 4},
-		{name: "one clean minute", advance: time.Second, window: healthy, state: protocol.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
-		{name: "two clean minutes", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 20, epoch: 4, events: []string{EventRampStep}},
-		{name: "three clean minutes", advance: time.Minute, window: healthy, state: protocol.Closed, limit: 40, epoch: 5, events: []string{EventRampStep}},
-		{name: "closed stays closed", advance: time.Minute, window: healthy, state: protocol.Closed, limit: 40, epoch: 5},
+		{name: "first evaluation", state: wire.Closed, limit: 40, epoch: 1},
+		{name: "healthy", advance: time.Second, window: healthy, state: wire.Closed, limit: 40, epoch: 1},
+		{name: "19 calls cannot open", advance: time.Second, window: protocol.Window{Calls: 19, Failures: 19}, state: wire.Closed, limit: 40, epoch: 1},
+		{name: "failures and timeouts open", advance: time.Second, window: burst, state: wire.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
+		{name: "still open", advance: 59 * time.Second, window: burst, state: wire.Open, limit: 0, epoch: 2},
+		{name: "half-open after 60s", advance: time.Second, state: wire.HalfOpen, limit: 3, epoch: 3, events: []string{EventHalfOpened}},
+		{name: "two probes are not enough", advance: time.Second, probes: protocol.Probes{Successes: 2}, state: wire.HalfOpen, limit: 3, epoch: 3},
+		{name: "three probes close", advance: time.Second, probes: probes3, state: wire.Ramping, limit: 5, epoch: 4, events: []string{EventClosed}},
+		{name: "59 clean seconds", advance: 59 * time.Second, window: healthy, state: wire.Ramping, limit: 5, epoch: 4},
+		{name: "one clean minute", advance: time.Second, window: healthy, state: wire.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
+		{name: "two clean minutes", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 20, epoch: 4, events: []string{EventRampStep}},
+		{name: "three clean minutes", advance: time.Minute, window: healthy, state: wire.Closed, limit: 40, epoch: 5, events: []string{EventRampStep}},
+		{name: "closed stays closed", advance: time.Minute, window: healthy, state: wire.Closed, limit: 40, epoch: 5},
 	})
 	if e.pub.OpenUntil != (time.Time{}) {
 		t.Errorf("OpenUntil = %v once closed, want zero", e.pub.OpenUntil)
@@ -132,17 +133,17 @@ func TestPlanSeedRecovery(t *testing.T) {
 func TestPlanErrorsMidRampRestartFromBottom(t *testing.T) {
 	e := newEvaluator()
 	runSteps(t, e, []step{
-		{name: "closed", state: protocol.Closed, limit: 40, epoch: 1},
-		{name: "open", advance: time.Second, window: burst, state: protocol.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
-		{name: "half-open", advance: time.Minute, state: protocol.HalfOpen, limit: 3, epoch: 3, events: []string{EventHalfOpened}},
-		{name: "closed, ramp at 5", advance: time.Second, probes: probes3, state: protocol.Ramping, limit: 5, epoch: 4, events: []string{EventClosed}},
-		{name: "ramp at 10", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
-		{name: "errors mid-ramp reopen", advance: 10 * time.Second, window: burst, state: protocol.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
-		{name: "half-open again", advance: time.Minute, state: protocol.HalfOpen, limit: 3, epoch: 6, events: []string{EventHalfOpened}},
-		{name: "a probe fails", advance: time.Second, probes: protocol.Probes{Successes: 1, Timeouts: 1}, state: protocol.Open, limit: 0, epoch: 7, events: []string{EventOpened}},
-		{name: "half-open a third time", advance: time.Minute, state: protocol.HalfOpen, limit: 3, epoch: 8, events: []string{EventHalfOpened}},
-		{name: "closed: the ramp restarts from 5", advance: time.Second, probes: probes3, state: protocol.Ramping, limit: 5, epoch: 9, events: []string{EventClosed}},
-		{name: "then 10", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 10, epoch: 9, events: []string{EventRampStep}},
+		{name: "closed", state: wire.Closed, limit: 40, epoch: 1},
+		{name: "open", advance: time.Second, window: burst, state: wire.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
+		{name: "half-open", advance: time.Minute, state: wire.HalfOpen, limit: 3, epoch: 3, events: []string{EventHalfOpened}},
+		{name: "closed, ramp at 5", advance: time.Second, probes: probes3, state: wire.Ramping, limit: 5, epoch: 4, events: []string{EventClosed}},
+		{name: "ramp at 10", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
+		{name: "errors mid-ramp reopen", advance: 10 * time.Second, window: burst, state: wire.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
+		{name: "half-open again", advance: time.Minute, state: wire.HalfOpen, limit: 3, epoch: 6, events: []string{EventHalfOpened}},
+		{name: "a probe fails", advance: time.Second, probes: protocol.Probes{Successes: 1, Timeouts: 1}, state: wire.Open, limit: 0, epoch: 7, events: []string{EventOpened}},
+		{name: "half-open a third time", advance: time.Minute, state: wire.HalfOpen, limit: 3, epoch: 8, events: []string{EventHalfOpened}},
+		{name: "closed: the ramp restarts from 5", advance: time.Second, probes: probes3, state: wire.Ramping, limit: 5, epoch: 9, events: []string{EventClosed}},
+		{name: "then 10", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 10, epoch: 9, events: []string{EventRampStep}},
 	})
 }
 
@@ -154,7 +155,7 @@ func TestPlanPublishesParamsAndPersistedState(t *testing.T) {
 	n := out.Next
 	opened := t0.Add(time.Second)
 	g := NewWithT(t)
-	g.Expect(n.State).To(Equal(protocol.Open))
+	g.Expect(n.State).To(Equal(wire.Open))
 	g.Expect(n.OpenUntil).To(Equal(opened.Add(time.Minute)))
 	g.Expect(n.BreakerSince).To(Equal(opened))
 	g.Expect(n.RampStep).To(Equal(0), "the ramp is reset while open")
@@ -163,8 +164,8 @@ func TestPlanPublishesParamsAndPersistedState(t *testing.T) {
 	g.Expect(n.Backoff).To(Equal(e.params.Backoff))
 	g.Expect(n.Budget).To(Equal(e.params.Budget))
 	g.Expect(out.Transitions).To(HaveLen(1))
-	g.Expect(out.Transitions[0].From).To(Equal(protocol.Closed))
-	g.Expect(out.Transitions[0].To).To(Equal(protocol.Open))
+	g.Expect(out.Transitions[0].From).To(Equal(wire.Closed))
+	g.Expect(out.Transitions[0].To).To(Equal(wire.Open))
 	g.Expect(out.Transitions[0].Message).To(ContainSubstring("10 of 20 calls failed or timed out"))
 }
 
@@ -172,10 +173,10 @@ func TestPlanAdvancesAtMostOneStepAfterAGap(t *testing.T) {
 	g := NewWithT(t)
 	p := seedParams(40)
 	prev := protocol.Published{
-		State: protocol.Ramping, Epoch: 4, BreakerSince: t0, RampStep: 1, RampStepStarted: t0,
+		State: wire.Ramping, Epoch: 4, BreakerSince: t0, RampStep: 1, RampStepStarted: t0,
 	}
 	out := Plan(Input{Params: p, Previous: prev, Window: healthy, Now: t0.Add(time.Hour)})
-	g.Expect(out.Next.State).To(Equal(protocol.Ramping))
+	g.Expect(out.Next.State).To(Equal(wire.Ramping))
 	g.Expect(out.Next.Limit).To(Equal(int64(20)), "one step up from 10, not the full capacity")
 	g.Expect(out.Next.RampStep).To(Equal(2))
 	g.Expect(out.Next.Epoch).To(Equal(int64(4)))
@@ -184,9 +185,9 @@ func TestPlanAdvancesAtMostOneStepAfterAGap(t *testing.T) {
 func TestPlanCapacityChangeKeepsAClosedBreakerClosed(t *testing.T) {
 	g := NewWithT(t)
 	p := seedParams(400)
-	prev := protocol.Published{State: protocol.Closed, Epoch: 3, BreakerSince: t0, RampStep: 3, RampStepStarted: t0}
+	prev := protocol.Published{State: wire.Closed, Epoch: 3, BreakerSince: t0, RampStep: 3, RampStepStarted: t0}
 	out := Plan(Input{Params: p, Previous: prev, Window: healthy, Now: t0.Add(time.Second)})
-	g.Expect(out.Next.State).To(Equal(protocol.Closed))
+	g.Expect(out.Next.State).To(Equal(wire.Closed))
 	g.Expect(out.Next.Limit).To(Equal(int64(400)))
 	g.Expect(out.Transitions).To(BeEmpty())
 }
@@ -195,7 +196,7 @@ func TestPlanIgnoresFailuresFromBeforeTheBreakerClosed(t *testing.T) {
 	g := NewWithT(t)
 	p := seedParams(40)
 	closedAt := t0.Add(-5 * time.Second)
-	prev := protocol.Published{State: protocol.Ramping, Epoch: 4, BreakerSince: closedAt, RampStep: 0, RampStepStarted: closedAt}
+	prev := protocol.Published{State: wire.Ramping, Epoch: 4, BreakerSince: closedAt, RampStep: 0, RampStepStarted: closedAt}
 	g.Expect(WindowStart(p, prev, t0)).To(Equal(closedAt), "the window starts at the close, not 30s back")
 	prev.BreakerSince = t0.Add(-time.Hour)
 	g.Expect(WindowStart(p, prev, t0)).To(Equal(t0.Add(-30 * time.Second)))
@@ -204,9 +205,9 @@ func TestPlanIgnoresFailuresFromBeforeTheBreakerClosed(t *testing.T) {
 func TestPlanSingleStepRampClosesStraightAway(t *testing.T) {
 	g := NewWithT(t)
 	p := seedParams(3, 3)
-	prev := protocol.Published{State: protocol.HalfOpen, Epoch: 3, BreakerSince: t0}
+	prev := protocol.Published{State: wire.HalfOpen, Epoch: 3, BreakerSince: t0}
 	out := Plan(Input{Params: p, Previous: prev, Probes: probes3, Now: t0.Add(time.Second)})
-	g.Expect(out.Next.State).To(Equal(protocol.Closed))
+	g.Expect(out.Next.State).To(Equal(wire.Closed))
 	g.Expect(out.Next.Limit).To(Equal(int64(3)))
 	g.Expect(out.Next.Epoch).To(Equal(int64(4)))
 	g.Expect(reasons(out)).To(Equal([]string{EventClosed}))
@@ -215,14 +216,14 @@ func TestPlanSingleStepRampClosesStraightAway(t *testing.T) {
 func TestLimit(t *testing.T) {
 	p := seedParams(40)
 	tests := []struct {
-		state protocol.State
+		state wire.State
 		ramp  int64
 		want  int64
 	}{
-		{protocol.Open, 10, 0},
-		{protocol.HalfOpen, 10, 3},
-		{protocol.Ramping, 10, 10},
-		{protocol.Closed, 10, 40},
+		{wire.Open, 10, 0},
+		{wire.HalfOpen, 10, 3},
+		{wire.Ramping, 10, 10},
+		{wire.Closed, 10, 40},
 	}
 	for _, tt := range tests {
 		t.Run(string(tt.state), func(t *testing.T) {
@@ -238,7 +239,7 @@ func TestRestore(t *testing.T) {
 	now := t0.Add(30 * time.Second) // the breaker opened at t0 half-opens at t0+60s
 	tests := []struct {
 		name  string
-		state protocol.State
+		state wire.State
 		step  int
 		since time.Time
 		want  protocol.Published
@@ -246,40 +247,40 @@ func TestRestore(t *testing.T) {
 	}{
 		{
 			name:  "never evaluated: closed at full capacity, the ramp complete a step ago",
-			want:  protocol.Published{State: protocol.Closed, BreakerSince: now, RampStep: 3, RampStepStarted: now.Add(-time.Minute)},
+			want:  protocol.Published{State: wire.Closed, BreakerSince: now, RampStep: 3, RampStepStarted: now.Add(-time.Minute)},
 			limit: 40,
 		},
 		{
-			name: "closed keeps its transition time", state: protocol.Closed, step: 3, since: t0,
-			want:  protocol.Published{State: protocol.Closed, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
+			name: "closed keeps its transition time", state: wire.Closed, step: 3, since: t0,
+			want:  protocol.Published{State: wire.Closed, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
 			limit: 40,
 		},
 		{
-			name: "open keeps its transition time", state: protocol.Open, since: t0,
-			want:  protocol.Published{State: protocol.Open, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
+			name: "open keeps its transition time", state: wire.Open, since: t0,
+			want:  protocol.Published{State: wire.Open, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
 			limit: 0,
 		},
 		{
-			name: "half-open", state: protocol.HalfOpen, since: t0,
-			want:  protocol.Published{State: protocol.HalfOpen, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
+			name: "half-open", state: wire.HalfOpen, since: t0,
+			want:  protocol.Published{State: wire.HalfOpen, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
 			limit: 3,
 		},
 		{
-			name: "ramping continues at its step, restarted now", state: protocol.Ramping, step: 2, since: t0,
-			want:  protocol.Published{State: protocol.Ramping, BreakerSince: t0, RampStep: 2, RampStepStarted: now},
+			name: "ramping continues at its step, restarted now", state: wire.Ramping, step: 2, since: t0,
+			want:  protocol.Published{State: wire.Ramping, BreakerSince: t0, RampStep: 2, RampStepStarted: now},
 			limit: 20,
 		},
 		{
-			name: "a step beyond the schedule is clamped", state: protocol.Ramping, step: 9, since: t0,
-			want: protocol.Published{State: protocol.Ramping, BreakerSince: t0, RampStep: 3, RampStepStarted: now},
+			name: "a step beyond the schedule is clamped", state: wire.Ramping, step: 9, since: t0,
+			want: protocol.Published{State: wire.Ramping, BreakerSince: t0, RampStep: 3, RampStepStarted: now},
 		},
 		{
-			name: "a transition time in the future is now", state: protocol.Open, since: now.Add(time.Hour),
-			want: protocol.Published{State: protocol.Open, BreakerSince: now, RampStep: 3, RampStepStarted: now},
+			name: "a transition time in the future is now", state: wire.Open, since: now.Add(time.Hour),
+			want: protocol.Published{State: wire.Open, BreakerSince: now, RampStep: 3, RampStepStarted: now},
 		},
 		{
 			name: "an unknown state is closed", state: "Stalled", since: t0,
-			want:  protocol.Published{State: protocol.Closed, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
+			want:  protocol.Published{State: wire.Closed, BreakerSince: t0, RampStep: 3, RampStepStarted: t0},
 			limit: 40,
 		},
 	}
@@ -288,7 +289,7 @@ func TestRestore(t *testing.T) {
 			g := NewWithT(t)
 			got := Restore(p, tt.state, tt.step, tt.since, now)
 			g.Expect(got).To(Equal(tt.want))
-			if tt.limit != 0 || tt.want.State == protocol.Open {
+			if tt.limit != 0 || tt.want.State == wire.Open {
 				// The first plan from a restored state keeps it, at epoch 1.
 				out := Plan(Input{Params: p, Previous: got, Now: now})
 				g.Expect(out.Next.State).To(Equal(tt.want.State))
@@ -309,18 +310,18 @@ func TestPlanDeadManFields(t *testing.T) {
 	in := Input{Params: p, Previous: prev, Now: t0, StaleAfter: 30 * time.Second}
 
 	closed := Plan(in).Next
-	g.Expect(closed.State).To(Equal(protocol.Closed))
+	g.Expect(closed.State).To(Equal(wire.Closed))
 	g.Expect(closed.HalfOpenProbes).To(Equal(int64(3)))
 	g.Expect(closed.StaleAfter).To(Equal(30 * time.Second))
 
 	// 20 failures open the breaker for 60 s: stale 60 s + 30 s after now.
 	in.Window = protocol.Window{Calls: 20, Failures: 20}
 	open := Plan(in).Next
-	g.Expect(open.State).To(Equal(protocol.Open))
+	g.Expect(open.State).To(Equal(wire.Open))
 	g.Expect(open.StaleAfter).To(Equal(90 * time.Second))
 	// 45 s later, still Open: 15 s + 30 s.
 	later := Plan(Input{Params: p, Previous: open, Now: t0.Add(45 * time.Second), StaleAfter: 30 * time.Second}).Next
-	g.Expect(later.State).To(Equal(protocol.Open))
+	g.Expect(later.State).To(Equal(wire.Open))
 	g.Expect(later.StaleAfter).To(Equal(45 * time.Second))
 
 	in.StaleAfter = 0
@@ -336,7 +337,7 @@ func TestPlanCarriesTheSequenceItWasMadeFrom(t *testing.T) {
 	prev.Epoch, prev.Seq = 4, 17
 	g.Expect(Plan(Input{Params: p, Previous: prev, Now: t0}).Next.Seq).To(Equal(int64(17)))
 	open := Plan(Input{Params: p, Previous: prev, Now: t0, Window: protocol.Window{Calls: 20, Failures: 20}}).Next
-	g.Expect(open.State).To(Equal(protocol.Open))
+	g.Expect(open.State).To(Equal(wire.Open))
 	g.Expect(open.Seq).To(Equal(int64(17)))
 }
 
@@ -353,15 +354,15 @@ func TestPlanTimesAheadOfRedis(t *testing.T) {
 	prev.RampStepStarted = prev.BreakerSince
 	g.Expect(WindowStart(p, prev, t0)).To(Equal(t0))
 	open := Plan(Input{Params: p, Previous: prev, Now: t0, Window: protocol.Window{Calls: 20, Failures: 20}}).Next
-	g.Expect(open.State).To(Equal(protocol.Open))
+	g.Expect(open.State).To(Equal(wire.Open))
 	g.Expect(open.OpenUntil).To(Equal(t0.Add(time.Minute)))
 
 	open.BreakerSince = t0.Add(40 * time.Second)
 	still := Plan(Input{Params: p, Previous: open, Now: t0}).Next
-	g.Expect(still.State).To(Equal(protocol.Open))
+	g.Expect(still.State).To(Equal(wire.Open))
 	g.Expect(still.BreakerSince).To(Equal(t0), "the future time is replaced by now")
 	half := Plan(Input{Params: p, Previous: still, Now: t0.Add(time.Minute)}).Next
-	g.Expect(half.State).To(Equal(protocol.HalfOpen), "an Open since a future time half-opens openDuration after now")
+	g.Expect(half.State).To(Equal(wire.HalfOpen), "an Open since a future time half-opens openDuration after now")
 }
 
 // TestPinsMinReplicas: a pinning policy holds the minimum through Open,
@@ -371,13 +372,13 @@ func TestPinsMinReplicas(t *testing.T) {
 	pinning, free := seedParams(40), seedParams(40)
 	pinning.PinMinReplicas, free.PinMinReplicas = true, false
 	for _, c := range []struct {
-		state protocol.State
+		state wire.State
 		want  bool
 	}{
-		{protocol.Open, true},
-		{protocol.HalfOpen, true},
-		{protocol.Ramping, true},
-		{protocol.Closed, false},
+		{wire.Open, true},
+		{wire.HalfOpen, true},
+		{wire.Ramping, true},
+		{wire.Closed, false},
 	} {
 		if got := PinsMinReplicas(pinning, c.state); got != c.want {
 			t.Errorf("PinsMinReplicas(pinning, %s) = %v, want %v", c.state, got, c.want)

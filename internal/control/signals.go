@@ -8,6 +8,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/breaker"
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/internal/ramp"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // Signal is an error ratio measured outside the fleet (the policy's
@@ -91,7 +92,7 @@ func withSignal(p policy.Params, snap breaker.Snapshot, now time.Time, window, p
 	}
 	measured := now.Add(-max(s.Age, 0))
 	fresh := measured.Sub(snap.Since) >= p.Breaker.Window
-	if snap.State == breaker.HalfOpen {
+	if snap.State == wire.HalfOpen {
 		fresh = measured.After(snap.Since)
 	}
 	if !fresh {
@@ -101,12 +102,12 @@ func withSignal(p policy.Params, snap breaker.Snapshot, now time.Time, window, p
 	failing := ratio >= p.Breaker.FailureRatio
 	enough := func(n int64) bool { return s.Calls < 0 || s.Calls >= max(n, 1) }
 	switch snap.State {
-	case breaker.Closed:
+	case wire.Closed:
 		if failing && enough(p.Breaker.MinCalls) {
 			n := max(window.Calls, p.Breaker.MinCalls, 1)
 			return breaker.Counts{Calls: n, Failures: n}, probes, verdictFailing
 		}
-	case breaker.HalfOpen:
+	case wire.HalfOpen:
 		switch {
 		case failing && enough(1):
 			return window, breaker.Counts{Calls: probes.Calls + 1, Failures: probes.Failures + 1}, verdictFailing
@@ -134,9 +135,9 @@ func signalMessage(p policy.Params, t breaker.Transition, s Signal, r *ramp.Ramp
 	}
 	measured := fmt.Sprintf("Prometheus error ratio %.2f over %s (failure ratio %.2f)", s.Ratio, over, p.Breaker.FailureRatio)
 	switch {
-	case t.To == breaker.Open && t.From == breaker.HalfOpen:
+	case t.To == wire.Open && t.From == wire.HalfOpen:
 		return fmt.Sprintf("%s while half-open: breaker reopened, limit 0 for %v", measured, p.Breaker.OpenDuration)
-	case t.To == breaker.Open:
+	case t.To == wire.Open:
 		return fmt.Sprintf("%s: breaker opened, limit 0 for %v", measured, p.Breaker.OpenDuration)
 	case r.Done():
 		return fmt.Sprintf("%s while half-open: breaker closed, limit %d (full capacity)", measured, r.Limit())

@@ -8,6 +8,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 func TestCallsOver(t *testing.T) {
@@ -39,46 +40,46 @@ func TestPlanWithSignal(t *testing.T) {
 	cases := []struct {
 		name string
 		// state and since: the published state and when it began.
-		state  protocol.State
+		state  wire.State
 		since  time.Duration // before t0
 		window protocol.Window
 		probes protocol.Probes
 		ext    Signal
-		want   protocol.State
+		want   wire.State
 		// bySignal: the transition's message credits Prometheus.
 		bySignal bool
 	}{
-		{name: "closed, ratio over the threshold opens", state: protocol.Closed, since: time.Hour, ext: failing, want: protocol.Open, bySignal: true},
-		{name: "closed, ratio at the threshold opens", state: protocol.Closed, since: time.Hour, ext: Signal{Valid: true, Ratio: 0.5, Calls: 20}, want: protocol.Open, bySignal: true},
-		{name: "closed, ratio just below stays", state: protocol.Closed, since: time.Hour, ext: Signal{Valid: true, Ratio: 0.49, Calls: 100}, want: protocol.Closed},
-		{name: "closed, ratio above 1 is clamped and opens", state: protocol.Closed, since: time.Hour, ext: Signal{Valid: true, Ratio: 7, Calls: 100}, want: protocol.Open, bySignal: true},
-		{name: "closed, too few calls stays", state: protocol.Closed, since: time.Hour, ext: Signal{Valid: true, Ratio: 1, Calls: 19}, want: protocol.Closed},
-		{name: "closed, unknown call count opens", state: protocol.Closed, since: time.Hour, ext: Signal{Valid: true, Ratio: 0.9, Calls: -1}, want: protocol.Open, bySignal: true},
-		{name: "closed, failed query never opens", state: protocol.Closed, since: time.Hour, ext: Signal{Valid: false, Ratio: 1, Calls: 100}, want: protocol.Closed},
-		{name: "closed, no signal: workers alone", state: protocol.Closed, since: time.Hour, window: protocol.Window{Calls: 30, Failures: 20}, want: protocol.Open},
-		{name: "closed, workers open it and the signal agrees: workers' message", state: protocol.Closed, since: time.Hour, window: protocol.Window{Calls: 30, Failures: 20}, ext: failing, want: protocol.Open},
-		{name: "closed, workers open it while the signal is healthy", state: protocol.Closed, since: time.Hour, window: protocol.Window{Calls: 30, Timeouts: 20}, ext: healthy, want: protocol.Open},
-		{name: "closed, a healthy signal does not hide nothing", state: protocol.Closed, since: time.Hour, window: protocol.Window{Calls: 30, Failures: 2}, ext: healthy, want: protocol.Closed},
-		{name: "closed less than a window ago: errors from before are ignored", state: protocol.Closed, since: 20 * time.Second, ext: failing, want: protocol.Closed},
-		{name: "closed a window ago, but the sample is older than that", state: protocol.Closed, since: 40 * time.Second, ext: Signal{Valid: true, Ratio: 0.9, Calls: 100, Age: 15 * time.Second}, want: protocol.Closed},
-		{name: "closed a window ago, sample a window after", state: protocol.Closed, since: 40 * time.Second, ext: Signal{Valid: true, Ratio: 0.9, Calls: 100, Age: 10 * time.Second}, want: protocol.Open, bySignal: true},
-		{name: "ramping, ratio over the threshold opens", state: protocol.Ramping, since: time.Hour, ext: failing, want: protocol.Open, bySignal: true},
-		{name: "open: the signal is ignored", state: protocol.Open, since: 30 * time.Second, ext: healthy, want: protocol.Open},
-		{name: "open past openDuration half-opens whatever the signal", state: protocol.Open, since: 61 * time.Second, ext: failing, want: protocol.HalfOpen},
-		{name: "half-open, healthy signal closes", state: protocol.HalfOpen, since: 40 * time.Second, ext: healthy, want: protocol.Ramping, bySignal: true},
-		{name: "half-open, healthy over exactly halfOpenProbes calls closes", state: protocol.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: true, Calls: 3}, want: protocol.Ramping, bySignal: true},
-		{name: "half-open, healthy over too few calls waits", state: protocol.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: true, Calls: 2}, want: protocol.HalfOpen},
-		{name: "half-open, healthy with unknown count closes", state: protocol.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: true, Ratio: 0.1, Calls: -1}, want: protocol.Ramping, bySignal: true},
-		{name: "half-open, failing signal reopens", state: protocol.HalfOpen, since: 40 * time.Second, ext: failing, want: protocol.Open, bySignal: true},
-		{name: "half-open, failing over a single call reopens", state: protocol.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: true, Ratio: 1, Calls: 1}, want: protocol.Open, bySignal: true},
-		{name: "half-open, failing over no call waits", state: protocol.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: true, Ratio: 1, Calls: 0}, want: protocol.HalfOpen},
-		{name: "half-open, a sample from before half-opening waits", state: protocol.HalfOpen, since: 20 * time.Second, ext: Signal{Valid: true, Ratio: 0, Calls: 100, Age: 20 * time.Second}, want: protocol.HalfOpen},
-		{name: "half-open, a sample from just after half-opening counts", state: protocol.HalfOpen, since: 2 * time.Second, ext: Signal{Valid: true, Ratio: 0, Calls: 100, Age: time.Second}, want: protocol.Ramping, bySignal: true},
-		{name: "half-open, a failing sample from before half-opening waits", state: protocol.HalfOpen, since: 2 * time.Second, ext: Signal{Valid: true, Ratio: 1, Calls: 100, Age: 3 * time.Second}, want: protocol.HalfOpen},
-		{name: "half-open, healthy signal but a worker probe failed reopens", state: protocol.HalfOpen, since: 40 * time.Second, probes: protocol.Probes{Successes: 2, Failures: 1}, ext: healthy, want: protocol.Open},
-		{name: "half-open, worker probes close without the signal", state: protocol.HalfOpen, since: 40 * time.Second, probes: protocol.Probes{Successes: 3}, ext: Signal{}, want: protocol.Ramping},
-		{name: "half-open, worker probes succeeded but the signal fails: reopens", state: protocol.HalfOpen, since: 40 * time.Second, probes: protocol.Probes{Successes: 3}, ext: failing, want: protocol.Open, bySignal: true},
-		{name: "half-open, failed query: workers' probes alone", state: protocol.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: false, Calls: 100}, want: protocol.HalfOpen},
+		{name: "closed, ratio over the threshold opens", state: wire.Closed, since: time.Hour, ext: failing, want: wire.Open, bySignal: true},
+		{name: "closed, ratio at the threshold opens", state: wire.Closed, since: time.Hour, ext: Signal{Valid: true, Ratio: 0.5, Calls: 20}, want: wire.Open, bySignal: true},
+		{name: "closed, ratio just below stays", state: wire.Closed, since: time.Hour, ext: Signal{Valid: true, Ratio: 0.49, Calls: 100}, want: wire.Closed},
+		{name: "closed, ratio above 1 is clamped and opens", state: wire.Closed, since: time.Hour, ext: Signal{Valid: true, Ratio: 7, Calls: 100}, want: wire.Open, bySignal: true},
+		{name: "closed, too few calls stays", state: wire.Closed, since: time.Hour, ext: Signal{Valid: true, Ratio: 1, Calls: 19}, want: wire.Closed},
+		{name: "closed, unknown call count opens", state: wire.Closed, since: time.Hour, ext: Signal{Valid: true, Ratio: 0.9, Calls: -1}, want: wire.Open, bySignal: true},
+		{name: "closed, failed query never opens", state: wire.Closed, since: time.Hour, ext: Signal{Valid: false, Ratio: 1, Calls: 100}, want: wire.Closed},
+		{name: "closed, no signal: workers alone", state: wire.Closed, since: time.Hour, window: protocol.Window{Calls: 30, Failures: 20}, want: wire.Open},
+		{name: "closed, workers open it and the signal agrees: workers' message", state: wire.Closed, since: time.Hour, window: protocol.Window{Calls: 30, Failures: 20}, ext: failing, want: wire.Open},
+		{name: "closed, workers open it while the signal is healthy", state: wire.Closed, since: time.Hour, window: protocol.Window{Calls: 30, Timeouts: 20}, ext: healthy, want: wire.Open},
+		{name: "closed, a healthy signal does not hide nothing", state: wire.Closed, since: time.Hour, window: protocol.Window{Calls: 30, Failures: 2}, ext: healthy, want: wire.Closed},
+		{name: "closed less than a window ago: errors from before are ignored", state: wire.Closed, since: 20 * time.Second, ext: failing, want: wire.Closed},
+		{name: "closed a window ago, but the sample is older than that", state: wire.Closed, since: 40 * time.Second, ext: Signal{Valid: true, Ratio: 0.9, Calls: 100, Age: 15 * time.Second}, want: wire.Closed},
+		{name: "closed a window ago, sample a window after", state: wire.Closed, since: 40 * time.Second, ext: Signal{Valid: true, Ratio: 0.9, Calls: 100, Age: 10 * time.Second}, want: wire.Open, bySignal: true},
+		{name: "ramping, ratio over the threshold opens", state: wire.Ramping, since: time.Hour, ext: failing, want: wire.Open, bySignal: true},
+		{name: "open: the signal is ignored", state: wire.Open, since: 30 * time.Second, ext: healthy, want: wire.Open},
+		{name: "open past openDuration half-opens whatever the signal", state: wire.Open, since: 61 * time.Second, ext: failing, want: wire.HalfOpen},
+		{name: "half-open, healthy signal closes", state: wire.HalfOpen, since: 40 * time.Second, ext: healthy, want: wire.Ramping, bySignal: true},
+		{name: "half-open, healthy over exactly halfOpenProbes calls closes", state: wire.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: true, Calls: 3}, want: wire.Ramping, bySignal: true},
+		{name: "half-open, healthy over too few calls waits", state: wire.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: true, Calls: 2}, want: wire.HalfOpen},
+		{name: "half-open, healthy with unknown count closes", state: wire.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: true, Ratio: 0.1, Calls: -1}, want: wire.Ramping, bySignal: true},
+		{name: "half-open, failing signal reopens", state: wire.HalfOpen, since: 40 * time.Second, ext: failing, want: wire.Open, bySignal: true},
+		{name: "half-open, failing over a single call reopens", state: wire.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: true, Ratio: 1, Calls: 1}, want: wire.Open, bySignal: true},
+		{name: "half-open, failing over no call waits", state: wire.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: true, Ratio: 1, Calls: 0}, want: wire.HalfOpen},
+		{name: "half-open, a sample from before half-opening waits", state: wire.HalfOpen, since: 20 * time.Second, ext: Signal{Valid: true, Ratio: 0, Calls: 100, Age: 20 * time.Second}, want: wire.HalfOpen},
+		{name: "half-open, a sample from just after half-opening counts", state: wire.HalfOpen, since: 2 * time.Second, ext: Signal{Valid: true, Ratio: 0, Calls: 100, Age: time.Second}, want: wire.Ramping, bySignal: true},
+		{name: "half-open, a failing sample from before half-opening waits", state: wire.HalfOpen, since: 2 * time.Second, ext: Signal{Valid: true, Ratio: 1, Calls: 100, Age: 3 * time.Second}, want: wire.HalfOpen},
+		{name: "half-open, healthy signal but a worker probe failed reopens", state: wire.HalfOpen, since: 40 * time.Second, probes: protocol.Probes{Successes: 2, Failures: 1}, ext: healthy, want: wire.Open},
+		{name: "half-open, worker probes close without the signal", state: wire.HalfOpen, since: 40 * time.Second, probes: protocol.Probes{Successes: 3}, ext: Signal{}, want: wire.Ramping},
+		{name: "half-open, worker probes succeeded but the signal fails: reopens", state: wire.HalfOpen, since: 40 * time.Second, probes: protocol.Probes{Successes: 3}, ext: failing, want: wire.Open, bySignal: true},
+		{name: "half-open, failed query: workers' probes alone", state: wire.HalfOpen, since: 40 * time.Second, ext: Signal{Valid: false, Calls: 100}, want: wire.HalfOpen},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -121,24 +122,24 @@ func TestSignalAloneRunsTheCycle(t *testing.T) {
 	failing := Signal{Valid: true, Ratio: 0.9, Calls: 50}
 	healthy := Signal{Valid: true, Ratio: 0.01, Calls: 20}
 
-	g.Expect(eval(0, Signal{}).Next.State).To(Equal(protocol.Closed))
+	g.Expect(eval(0, Signal{}).Next.State).To(Equal(wire.Closed))
 	// Within the first window after the policy's creation the ratio counts
 	// for nothing (it may hold errors from before).
-	g.Expect(eval(5*time.Second, failing).Next.State).To(Equal(protocol.Closed))
+	g.Expect(eval(5*time.Second, failing).Next.State).To(Equal(wire.Closed))
 	out := eval(5*time.Second, failing)
-	g.Expect(out.Next.State).To(Equal(protocol.Open))
+	g.Expect(out.Next.State).To(Equal(wire.Open))
 	g.Expect(out.Next.Limit).To(BeZero())
 	g.Expect(reasons(out)).To(Equal([]string{EventOpened}))
 
 	// Open: nothing until openDuration.
-	g.Expect(eval(29*time.Second, healthy).Next.State).To(Equal(protocol.Open))
+	g.Expect(eval(29*time.Second, healthy).Next.State).To(Equal(wire.Open))
 	out = eval(time.Second, healthy)
-	g.Expect(out.Next.State).To(Equal(protocol.HalfOpen))
+	g.Expect(out.Next.State).To(Equal(wire.HalfOpen))
 	// Half-open: a sample measured before half-opening waits; the next one
 	// closes, and the ramp starts at its first step.
-	g.Expect(eval(time.Second, Signal{Valid: true, Ratio: 0.01, Calls: 20, Age: 2 * time.Second}).Next.State).To(Equal(protocol.HalfOpen))
+	g.Expect(eval(time.Second, Signal{Valid: true, Ratio: 0.01, Calls: 20, Age: 2 * time.Second}).Next.State).To(Equal(wire.HalfOpen))
 	out = eval(time.Second, healthy)
-	g.Expect(out.Next.State).To(Equal(protocol.Ramping))
+	g.Expect(out.Next.State).To(Equal(wire.Ramping))
 	g.Expect(out.Next.Limit).To(Equal(int64(5)))
 	g.Expect(reasons(out)).To(Equal([]string{EventClosed}))
 
@@ -148,8 +149,8 @@ func TestSignalAloneRunsTheCycle(t *testing.T) {
 		limits = append(limits, eval(time.Minute, healthy).Next.Limit)
 	}
 	g.Expect(limits).To(Equal([]int64{10, 20, 40}))
-	g.Expect(e.pub.State).To(Equal(protocol.Closed))
+	g.Expect(e.pub.State).To(Equal(wire.Closed))
 
 	// And a failing Prometheus (an invalid signal) changes nothing.
-	g.Expect(eval(time.Minute, Signal{Valid: false, Ratio: 1, Calls: 1000}).Next.State).To(Equal(protocol.Closed))
+	g.Expect(eval(time.Minute, Signal{Valid: false, Ratio: 1, Calls: 1000}).Next.State).To(Equal(wire.Closed))
 }

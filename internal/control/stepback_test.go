@@ -11,6 +11,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/ramp"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // listening is the seed's evaluator with the API's default step-back rule.
@@ -27,10 +28,10 @@ func listening(mode ramp.When, capacity int64, steps ...int64) *evaluator {
 func toRamping(t *testing.T, e *evaluator, firstLimit int64) {
 	t.Helper()
 	runSteps(t, e, []step{
-		{name: "closed", state: protocol.Closed, limit: e.params.Capacity, epoch: 1},
-		{name: "open", advance: time.Second, window: burst, state: protocol.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
-		{name: "half-open", advance: time.Minute, state: protocol.HalfOpen, limit: min(3, e.params.Capacity), epoch: 3, events: []string{EventHalfOpened}},
-		{name: "close", advance: time.Second, probes: probes3, state: protocol.Ramping, limit: firstLimit, epoch: 4, events: []string{EventClosed}},
+		{name: "closed", state: wire.Closed, limit: e.params.Capacity, epoch: 1},
+		{name: "open", advance: time.Second, window: burst, state: wire.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
+		{name: "half-open", advance: time.Minute, state: wire.HalfOpen, limit: min(3, e.params.Capacity), epoch: 3, events: []string{EventHalfOpened}},
+		{name: "close", advance: time.Second, probes: probes3, state: wire.Ramping, limit: firstLimit, epoch: 4, events: []string{EventClosed}},
 	})
 }
 
@@ -51,19 +52,19 @@ func TestPlanStepBackTransitions(t *testing.T) {
 	e := listening(ramp.Ramping, 40)
 	toRamping(t, e, 5)
 	runSteps(t, e, []step{
-		{name: "a single failure at tiny volume holds", advance: time.Second, window: oneFailure, state: protocol.Ramping, limit: 5, epoch: 4},
-		{name: "clean minute", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
-		{name: "1 in 6 fails at 10: step back to 5", advance: 3 * time.Second, window: sixth, state: protocol.Ramping, limit: 5, epoch: 4, events: []string{EventRampStepBack}},
-		{name: "settling: what 10 left in flight is ignored", advance: time.Second, window: protocol.Window{Calls: 10, Failures: 10}, state: protocol.Ramping, limit: 5, epoch: 4},
-		{name: "settling: the breaker ignores it too", advance: 8 * time.Second, window: protocol.Window{Calls: 40, Failures: 40}, state: protocol.Ramping, limit: 5, epoch: 4},
-		{name: "holding: 1% or more failed", advance: 2 * time.Minute, window: protocol.Window{Calls: 100, Successes: 99, Failures: 1}, state: protocol.Ramping, limit: 5, epoch: 4},
-		{name: "clean again, 2 minutes after the step back: try 10 again", advance: time.Second, window: healthy, state: protocol.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
-		{name: "10 clean for a minute: the ceiling is cleared", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 20, epoch: 4, events: []string{EventRampStep}},
-		{name: "full capacity", advance: time.Minute, window: healthy, state: protocol.Closed, limit: 40, epoch: 5, events: []string{EventRampStep}},
-		{name: "the step to full capacity is judged", advance: 5 * time.Second, window: sixth, state: protocol.Ramping, limit: 20, epoch: 6, events: []string{EventRampStepBack}},
-		{name: "settled, clean", advance: 2 * time.Minute, window: healthy, state: protocol.Closed, limit: 40, epoch: 7, events: []string{EventRampStep}},
-		{name: "a minute at full capacity is no longer judged (Ramping)", advance: time.Minute, window: sixth, state: protocol.Closed, limit: 40, epoch: 7},
-		{name: "the breaker still opens", advance: time.Second, window: burst, state: protocol.Open, limit: 0, epoch: 8, events: []string{EventOpened}},
+		{name: "a single failure at tiny volume holds", advance: time.Second, window: oneFailure, state: wire.Ramping, limit: 5, epoch: 4},
+		{name: "clean minute", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
+		{name: "1 in 6 fails at 10: step back to 5", advance: 3 * time.Second, window: sixth, state: wire.Ramping, limit: 5, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "settling: what 10 left in flight is ignored", advance: time.Second, window: protocol.Window{Calls: 10, Failures: 10}, state: wire.Ramping, limit: 5, epoch: 4},
+		{name: "settling: the breaker ignores it too", advance: 8 * time.Second, window: protocol.Window{Calls: 40, Failures: 40}, state: wire.Ramping, limit: 5, epoch: 4},
+		{name: "holding: 1% or more failed", advance: 2 * time.Minute, window: protocol.Window{Calls: 100, Successes: 99, Failures: 1}, state: wire.Ramping, limit: 5, epoch: 4},
+		{name: "clean again, 2 minutes after the step back: try 10 again", advance: time.Second, window: healthy, state: wire.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
+		{name: "10 clean for a minute: the ceiling is cleared", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 20, epoch: 4, events: []string{EventRampStep}},
+		{name: "full capacity", advance: time.Minute, window: healthy, state: wire.Closed, limit: 40, epoch: 5, events: []string{EventRampStep}},
+		{name: "the step to full capacity is judged", advance: 5 * time.Second, window: sixth, state: wire.Ramping, limit: 20, epoch: 6, events: []string{EventRampStepBack}},
+		{name: "settled, clean", advance: 2 * time.Minute, window: healthy, state: wire.Closed, limit: 40, epoch: 7, events: []string{EventRampStep}},
+		{name: "a minute at full capacity is no longer judged (Ramping)", advance: time.Minute, window: sixth, state: wire.Closed, limit: 40, epoch: 7},
+		{name: "the breaker still opens", advance: time.Second, window: burst, state: wire.Open, limit: 0, epoch: 8, events: []string{EventOpened}},
 	})
 	if e.pub.RampCeiling != 0 || e.pub.RampBackoffs != 0 {
 		t.Fatalf("an open breaker keeps ceiling %d backoffs %d, want none", e.pub.RampCeiling, e.pub.RampBackoffs)
@@ -77,13 +78,13 @@ func TestPlanStepBackBelowTheFirstStep(t *testing.T) {
 	e := listening(ramp.Ramping, 40)
 	toRamping(t, e, 5)
 	runSteps(t, e, []step{
-		{name: "5 fails: 4", advance: 3 * time.Second, window: sixth, state: protocol.Ramping, limit: 4, epoch: 4, events: []string{EventRampStepBack}},
-		{name: "4 fails: 2", advance: 13 * time.Second, window: sixth, state: protocol.Ramping, limit: 2, epoch: 4, events: []string{EventRampStepBack}},
-		{name: "2 fails: 1", advance: 13 * time.Second, window: sixth, state: protocol.Ramping, limit: 1, epoch: 4, events: []string{EventRampStepBack}},
-		{name: "nothing below 1", advance: 13 * time.Second, window: sixth, state: protocol.Ramping, limit: 1, epoch: 4},
-		{name: "2 again after 8 clean minutes", advance: 8 * time.Minute, window: healthy, state: protocol.Ramping, limit: 2, epoch: 4, events: []string{EventRampStep}},
-		{name: "4", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 4, epoch: 4, events: []string{EventRampStep}},
-		{name: "5", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 5, epoch: 4, events: []string{EventRampStep}},
+		{name: "5 fails: 4", advance: 3 * time.Second, window: sixth, state: wire.Ramping, limit: 4, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "4 fails: 2", advance: 13 * time.Second, window: sixth, state: wire.Ramping, limit: 2, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "2 fails: 1", advance: 13 * time.Second, window: sixth, state: wire.Ramping, limit: 1, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "nothing below 1", advance: 13 * time.Second, window: sixth, state: wire.Ramping, limit: 1, epoch: 4},
+		{name: "2 again after 8 clean minutes", advance: 8 * time.Minute, window: healthy, state: wire.Ramping, limit: 2, epoch: 4, events: []string{EventRampStep}},
+		{name: "4", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 4, epoch: 4, events: []string{EventRampStep}},
+		{name: "5", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 5, epoch: 4, events: []string{EventRampStep}},
 	})
 }
 
@@ -93,17 +94,17 @@ func TestPlanStepBackBelowTheFirstStep(t *testing.T) {
 func TestPlanStepBackAlwaysDiscoversCapacity(t *testing.T) {
 	e := listening(ramp.Always, 40)
 	runSteps(t, e, []step{
-		{name: "closed", state: protocol.Closed, limit: 40, epoch: 1},
-		{name: "an hour later, 1 in 6 fails", advance: time.Hour, window: sixth, state: protocol.Ramping, limit: 20, epoch: 2, events: []string{EventRampStepBack}},
-		{name: "one clean minute is not enough", advance: time.Minute, window: healthy, state: protocol.Ramping, limit: 20, epoch: 2},
-		{name: "two are", advance: time.Minute, window: healthy, state: protocol.Closed, limit: 40, epoch: 3, events: []string{EventRampStep}},
+		{name: "closed", state: wire.Closed, limit: 40, epoch: 1},
+		{name: "an hour later, 1 in 6 fails", advance: time.Hour, window: sixth, state: wire.Ramping, limit: 20, epoch: 2, events: []string{EventRampStepBack}},
+		{name: "one clean minute is not enough", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 20, epoch: 2},
+		{name: "two are", advance: time.Minute, window: healthy, state: wire.Closed, limit: 40, epoch: 3, events: []string{EventRampStep}},
 	})
 	// Ramping and Never leave a long-closed policy alone.
 	for _, mode := range []ramp.When{ramp.Ramping, ramp.Never} {
 		e := listening(mode, 40)
 		runSteps(t, e, []step{
-			{name: "closed", state: protocol.Closed, limit: 40, epoch: 1},
-			{name: string(mode) + ": 1 in 6 fails", advance: time.Second, window: sixth, state: protocol.Closed, limit: 40, epoch: 1},
+			{name: "closed", state: wire.Closed, limit: 40, epoch: 1},
+			{name: string(mode) + ": 1 in 6 fails", advance: time.Second, window: sixth, state: wire.Closed, limit: 40, epoch: 1},
 		})
 	}
 }
@@ -114,7 +115,7 @@ func TestPlanStepBackNeverIsTheFixedSchedule(t *testing.T) {
 	e := listening(ramp.Never, 40)
 	toRamping(t, e, 5)
 	runSteps(t, e, []step{
-		{name: "a minute of 1 in 6", advance: time.Minute, window: sixth, state: protocol.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
+		{name: "a minute of 1 in 6", advance: time.Minute, window: sixth, state: wire.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
 	})
 }
 
@@ -126,21 +127,21 @@ func TestPlanStepBackSmallCapacity(t *testing.T) {
 	e := listening(ramp.Ramping, 2)
 	e.params.Breaker.HalfOpenProbes = 1
 	runSteps(t, e, []step{
-		{name: "closed", state: protocol.Closed, limit: 2, epoch: 1},
-		{name: "open", advance: time.Second, window: burst, state: protocol.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
-		{name: "half-open", advance: time.Minute, state: protocol.HalfOpen, limit: 1, epoch: 3, events: []string{EventHalfOpened}},
-		{name: "close", advance: time.Second, probes: protocol.Probes{Successes: 1}, state: protocol.Ramping, limit: 1, epoch: 4, events: []string{EventClosed}},
-		{name: "2 after a clean minute", advance: time.Minute, window: healthy, state: protocol.Closed, limit: 2, epoch: 5, events: []string{EventRampStep}},
-		{name: "1 s: 1 of 6 failed, not conclusive", advance: time.Second, window: protocol.Window{Calls: 6, Successes: 5, Failures: 1}, state: protocol.Closed, limit: 2, epoch: 5},
-		{name: "2 s: 2 of 12", advance: time.Second, window: protocol.Window{Calls: 12, Successes: 10, Failures: 2}, state: protocol.Closed, limit: 2, epoch: 5},
+		{name: "closed", state: wire.Closed, limit: 2, epoch: 1},
+		{name: "open", advance: time.Second, window: burst, state: wire.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
+		{name: "half-open", advance: time.Minute, state: wire.HalfOpen, limit: 1, epoch: 3, events: []string{EventHalfOpened}},
+		{name: "close", advance: time.Second, probes: protocol.Probes{Successes: 1}, state: wire.Ramping, limit: 1, epoch: 4, events: []string{EventClosed}},
+		{name: "2 after a clean minute", advance: time.Minute, window: healthy, state: wire.Closed, limit: 2, epoch: 5, events: []string{EventRampStep}},
+		{name: "1 s: 1 of 6 failed, not conclusive", advance: time.Second, window: protocol.Window{Calls: 6, Successes: 5, Failures: 1}, state: wire.Closed, limit: 2, epoch: 5},
+		{name: "2 s: 2 of 12", advance: time.Second, window: protocol.Window{Calls: 12, Successes: 10, Failures: 2}, state: wire.Closed, limit: 2, epoch: 5},
 	})
 	out := e.eval(sixth, protocol.Probes{})
 	g.Expect(reasons(out)).To(Equal([]string{EventRampStepBack}))
-	g.Expect(out.Next.State).To(Equal(protocol.Ramping))
+	g.Expect(out.Next.State).To(Equal(wire.Ramping))
 	g.Expect(out.Next.Limit).To(Equal(int64(1)))
 	g.Expect(out.Next.RampCeiling).To(Equal(int64(2)))
 	g.Expect(out.Next.RampSettling).To(BeTrue())
-	g.Expect(out.Transitions[0].From).To(Equal(protocol.Closed))
+	g.Expect(out.Transitions[0].From).To(Equal(wire.Closed))
 	g.Expect(out.Transitions[0].Message).To(Equal("3 of 18 calls failed or timed out at limit 2 (ratio above 0.01 with 95% confidence): stepped back to limit 1; limit 2 is tried again after 2m0s clean"))
 }
 
@@ -187,10 +188,10 @@ func TestPlanStepBackSurvivesRestarts(t *testing.T) {
 	g.Expect(e.pub.RampCeiling).To(Equal(int64(5)))
 
 	// From status, Redis lost: state, step, limit and ceiling.
-	saved := Saved{State: protocol.Ramping, RampStep: e.pub.RampStep, Limit: e.pub.Limit, RampCeiling: e.pub.RampCeiling, LastTransition: e.now}
+	saved := Saved{State: wire.Ramping, RampStep: e.pub.RampStep, Limit: e.pub.Limit, RampCeiling: e.pub.RampCeiling, LastTransition: e.now}
 	restored := RestoreSaved(e.params, saved, e.now)
 	out := Plan(Input{Params: e.params, Previous: restored, Window: healthy, Now: e.now.Add(time.Minute)})
-	g.Expect(out.Next.State).To(Equal(protocol.Ramping))
+	g.Expect(out.Next.State).To(Equal(wire.Ramping))
 	g.Expect(out.Next.Limit).To(Equal(int64(4)), "not the first step, not full capacity")
 	g.Expect(out.Next.RampCeiling).To(Equal(int64(5)))
 	g.Expect(strings.Join(reasons(out), ",")).To(BeEmpty())
@@ -210,22 +211,22 @@ func TestPlanPartialFailureStepsBackBeforeTheBreaker(t *testing.T) {
 	e := listening(ramp.Ramping, 40)
 	toRamping(t, e, 5)
 	runSteps(t, e, []step{
-		{name: "80% fast rejections, 20 served: step back", advance: time.Second, window: rejecting, state: protocol.Ramping, limit: 4, epoch: 4, events: []string{EventRampStepBack}},
-		{name: "settled, 80% again: step back", advance: 11 * time.Second, window: rejecting, state: protocol.Ramping, limit: 2, epoch: 4, events: []string{EventRampStepBack}},
-		{name: "and again", advance: 11 * time.Second, window: rejecting, state: protocol.Ramping, limit: 1, epoch: 4, events: []string{EventRampStepBack}},
-		{name: "at 1 nothing is below: the breaker opens", advance: 11 * time.Second, window: rejecting, state: protocol.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
+		{name: "80% fast rejections, 20 served: step back", advance: time.Second, window: rejecting, state: wire.Ramping, limit: 4, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "settled, 80% again: step back", advance: 11 * time.Second, window: rejecting, state: wire.Ramping, limit: 2, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "and again", advance: 11 * time.Second, window: rejecting, state: wire.Ramping, limit: 1, epoch: 4, events: []string{EventRampStepBack}},
+		{name: "at 1 nothing is below: the breaker opens", advance: 11 * time.Second, window: rejecting, state: wire.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
 	})
 
 	e = listening(ramp.Ramping, 40)
 	toRamping(t, e, 5)
 	runSteps(t, e, []step{
-		{name: "all calls fail: the breaker opens", advance: time.Second, window: down, state: protocol.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
+		{name: "all calls fail: the breaker opens", advance: time.Second, window: down, state: wire.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
 	})
 
 	e = listening(ramp.Never, 40)
 	toRamping(t, e, 5)
 	runSteps(t, e, []step{
-		{name: "Never: the breaker opens", advance: time.Second, window: rejecting, state: protocol.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
+		{name: "Never: the breaker opens", advance: time.Second, window: rejecting, state: wire.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
 	})
 }
 
@@ -242,7 +243,7 @@ func TestStepBackConverges(t *testing.T) {
 		t.Run(fmt.Sprintf("cold capacity %d", c), func(t *testing.T) {
 			e := listening(ramp.Ramping, 40) // steps 5, 10, 20, 40
 			e.now = t0.Truncate(time.Second)
-			e.pub = Restore(e.params, protocol.Ramping, 0, e.now, e.now)
+			e.pub = Restore(e.params, wire.Ramping, 0, e.now, e.now)
 			var okAt, failedAt []int64 // per second since t0
 			window := func() protocol.Window {
 				from := WindowStart(e.params, e.pub, e.now).Add(-time.Second)

@@ -8,7 +8,7 @@
 // three.
 //
 // The package is pure: it performs no I/O and reads time only from an
-// injected Clock, so the controller, the service middleware and the
+// injected clock.Clock, so the controller, the service middleware and the
 // simulator (virtual clock) share the same arithmetic.
 package ramp
 
@@ -16,12 +16,9 @@ import (
 	"fmt"
 	"sync"
 	"time"
-)
 
-// Clock supplies the current time.
-type Clock interface {
-	Now() time.Time
-}
+	"github.com/spillway-dev/spillway/pkg/clock"
+)
 
 // Schedule is a slow-start ramp: the limits to step through and how long each
 // step lasts.
@@ -135,7 +132,7 @@ type Ramp struct {
 	mu       sync.Mutex
 	steps    []int64
 	stepDur  time.Duration
-	clk      Clock
+	clk      clock.Clock
 	step     int
 	started  time.Time
 	below    int64
@@ -146,7 +143,7 @@ type Ramp struct {
 
 // New returns a Ramp at step 0 starting at clk.Now(). The Steps slice is
 // copied.
-func New(s Schedule, clk Clock) *Ramp {
+func New(s Schedule, clk clock.Clock) *Ramp {
 	return Restore(s, clk, Snapshot{Step: 0, StepStarted: clk.Now()})
 }
 
@@ -156,7 +153,7 @@ func New(s Schedule, clk Clock) *Ramp {
 // [1, Steps[0]) or at a Step above 0 is ignored, Backoffs is clamped into
 // [0, MaxBackoffs] and a Ceiling below the limit is dropped (it was written
 // for other steps).
-func Restore(s Schedule, clk Clock, snap Snapshot) *Ramp {
+func Restore(s Schedule, clk clock.Clock, snap Snapshot) *Ramp {
 	r := &Ramp{
 		steps:    append([]int64(nil), s.Steps...),
 		stepDur:  s.StepDuration,

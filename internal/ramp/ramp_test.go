@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// fakeClock is a manually advanced Clock.
+// fakeClock is a manually advanced clock.Clock.
 type fakeClock struct{ now time.Time }
 
 func (c *fakeClock) Now() time.Time          { return c.now }

@@ -15,6 +15,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/retry"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // conformanceParams are a policy small and fast enough to walk through every
@@ -43,7 +44,7 @@ func conformanceParams() policy.Params {
 // a call that stays in flight (successful when it ends), 'e' ends every call
 // in flight, 'b' asks the retry budget.
 type conformanceStep struct {
-	state protocol.State
+	state wire.State
 	limit int64
 	ops   string
 }
@@ -51,7 +52,7 @@ type conformanceStep struct {
 // published is what the two sides publish that the test compares: the
 // times as seconds since the start.
 type published struct {
-	State        protocol.State
+	State        wire.State
 	Limit, Epoch int64
 	RampStep     int
 	BreakerSince time.Duration
@@ -68,23 +69,23 @@ func TestConformanceWithScripts(t *testing.T) {
 		t.Skip("runs in real time: about 18 s")
 	}
 	steps := []conformanceStep{
-		{protocol.Closed, 4, "hsssbbb"},   // 0: healthy, one call in flight; the budget grants 2 of 3
-		{protocol.Closed, 4, "ffffbbb"},   // 1: 4 failures of 7
-		{protocol.Open, 0, "xb"},          // 2: opened
-		{protocol.Open, 0, "eb"},          // 3: the call of second 0 ends: the budget counts it now
-		{protocol.HalfOpen, 2, "hfx"},     // 4: two probes, one in flight; no third
-		{protocol.Open, 0, ""},            // 5: the failed probe reopened
-		{protocol.Open, 0, ""},            // 6
-		{protocol.HalfOpen, 2, "es"},      // 7: the probe of second 4 ends, not this epoch's; one probe succeeds
-		{protocol.HalfOpen, 2, "sx"},      // 8: one probe is not enough; the second, no third
-		{protocol.Ramping, 2, "hhxess"},   // 9: closed at 2: two in flight, no third
-		{protocol.Ramping, 2, "ssb"},      // 10
-		{protocol.Closed, 4, "hhhhxefff"}, // 11: the ramp is done: 4 in flight
-		{protocol.Closed, 4, "fb"},        // 12: seconds 10-12, 3 failures of 10
-		{protocol.Open, 0, "bb"},          // 13: seconds 11-13, 4 of 8: opened again
-		{protocol.Open, 0, "x"},           // 14
-		{protocol.HalfOpen, 2, "ffxxx"},   // 15: two probes fail at once: nothing in flight, and still no third
-		{protocol.Open, 0, "x"},           // 16: reopened
+		{wire.Closed, 4, "hsssbbb"},   // 0: healthy, one call in flight; the budget grants 2 of 3
+		{wire.Closed, 4, "ffffbbb"},   // 1: 4 failures of 7
+		{wire.Open, 0, "xb"},          // 2: opened
+		{wire.Open, 0, "eb"},          // 3: the call of second 0 ends: the budget counts it now
+		{wire.HalfOpen, 2, "hfx"},     // 4: two probes, one in flight; no third
+		{wire.Open, 0, ""},            // 5: the failed probe reopened
+		{wire.Open, 0, ""},            // 6
+		{wire.HalfOpen, 2, "es"},      // 7: the probe of second 4 ends, not this epoch's; one probe succeeds
+		{wire.HalfOpen, 2, "sx"},      // 8: one probe is not enough; the second, no third
+		{wire.Ramping, 2, "hhxess"},   // 9: closed at 2: two in flight, no third
+		{wire.Ramping, 2, "ssb"},      // 10
+		{wire.Closed, 4, "hhhhxefff"}, // 11: the ramp is done: 4 in flight
+		{wire.Closed, 4, "fb"},        // 12: seconds 10-12, 3 failures of 10
+		{wire.Open, 0, "bb"},          // 13: seconds 11-13, 4 of 8: opened again
+		{wire.Open, 0, "x"},           // 14
+		{wire.HalfOpen, 2, "ffxxx"},   // 15: two probes fail at once: nothing in flight, and still no third
+		{wire.Open, 0, "x"},           // 16: reopened
 	}
 
 	p := conformanceParams()
@@ -267,7 +268,7 @@ func (s *scriptSide) acquire(where string, at time.Time) protocol.Admission {
 func (s *scriptSide) release(where string, adm protocol.Admission, ok bool) {
 	s.t.Helper()
 	var epoch int64
-	if adm.State == protocol.HalfOpen {
+	if adm.State == wire.HalfOpen {
 		epoch = adm.Epoch
 	}
 	outcome := protocol.Failure

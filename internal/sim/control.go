@@ -7,6 +7,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/control"
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // controller is the Spillway controller and the part of Redis it talks
@@ -53,7 +54,7 @@ func (c *controller) evaluate(cnt *counters, now time.Time) (closed, opened bool
 		switch {
 		case t.Reason == control.EventClosed:
 			closed = true
-		case t.Reason == control.EventOpened && t.From != protocol.HalfOpen:
+		case t.Reason == control.EventOpened && t.From != wire.HalfOpen:
 			opened = true
 		}
 	}
@@ -74,9 +75,9 @@ func (c *controller) publish(next protocol.Published) {
 // still in flight do not count), otherwise while busy is under the limit.
 func (c *controller) allows(busy int64) bool {
 	switch c.pub.State {
-	case protocol.Open:
+	case wire.Open:
 		return false
-	case protocol.HalfOpen:
+	case wire.HalfOpen:
 		return c.admitted < c.pub.Limit
 	}
 	return busy < c.pub.Limit
@@ -85,7 +86,7 @@ func (c *controller) allows(busy int64) bool {
 // started records that job's call, which allows let through, started, and
 // reports whether it is a probe: whether the state is HalfOpen.
 func (c *controller) started(job int32) (probe bool) {
-	if c.pub.State != protocol.HalfOpen {
+	if c.pub.State != wire.HalfOpen {
 		return false
 	}
 	c.admitted++

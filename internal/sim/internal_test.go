@@ -8,6 +8,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 func TestDelayQueueOrder(t *testing.T) {
@@ -233,11 +234,11 @@ func TestControllerProbes(t *testing.T) {
 		cnt.outcome(false)
 	}
 	tick(time.Second)
-	if c.pub.State != protocol.Open || c.allows(0) {
+	if c.pub.State != wire.Open || c.allows(0) {
 		t.Fatalf("state %s, allows %v: want Open, admitting nothing", c.pub.State, c.allows(0))
 	}
 	tick(open)
-	if c.pub.State != protocol.HalfOpen {
+	if c.pub.State != wire.HalfOpen {
 		t.Fatalf("state %s after openDuration, want HalfOpen", c.pub.State)
 	}
 	epoch := c.pub.Epoch
@@ -260,25 +261,25 @@ func TestControllerProbes(t *testing.T) {
 		t.Fatalf("probes = %+v, want the two of this epoch", c.probes)
 	}
 	tick(time.Second)
-	if c.pub.State != protocol.HalfOpen || c.pub.Epoch != epoch {
+	if c.pub.State != wire.HalfOpen || c.pub.Epoch != epoch {
 		t.Fatalf("two of three probes: state %s epoch %d, want HalfOpen %d", c.pub.State, c.pub.Epoch, epoch)
 	}
 	// The third fails: Open again, and its epoch's counts are gone.
 	c.released(probes[2], true, false)
 	tick(time.Second)
-	if c.pub.State != protocol.Open || c.probes != (protocol.Probes{}) || c.admitted != 0 {
+	if c.pub.State != wire.Open || c.probes != (protocol.Probes{}) || c.admitted != 0 {
 		t.Fatalf("after a failed probe: state %s probes %+v admitted %d, want Open and a fresh epoch", c.pub.State, c.probes, c.admitted)
 	}
 	// A probe still in flight when its epoch ends does not count in the next
 	// HalfOpen epoch.
 	tick(open)
-	if c.pub.State != protocol.HalfOpen || !c.started(40) || !c.started(41) {
+	if c.pub.State != wire.HalfOpen || !c.started(40) || !c.started(41) {
 		t.Fatalf("state %s: want HalfOpen admitting probes", c.pub.State)
 	}
 	c.released(41, true, false)
 	tick(time.Second)
 	tick(open)
-	if c.pub.State != protocol.HalfOpen {
+	if c.pub.State != wire.HalfOpen {
 		t.Fatalf("state %s: want HalfOpen again", c.pub.State)
 	}
 	c.released(40, true, true)

@@ -113,7 +113,8 @@ func mechanismsFor(p Policy, params policy.Params) mechanisms {
 		m.delay = func(attempt int, _ *rand.Rand) time.Duration { return plain.Delay(attempt, nil) }
 	case SmallJitter:
 		m.delay = func(attempt int, rnd *rand.Rand) time.Duration {
-			return time.Duration(float64(plain.Delay(attempt, nil)) * (0.9 + 0.2*rnd.Float64()))
+			c := plain.Delay(attempt, nil)
+			return c*9/10 + retry.FullJitter(c/5, rnd) // uniform in [0.9c, 1.1c]
 		}
 	case FullJitter:
 	case Cap:

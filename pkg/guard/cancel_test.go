@@ -12,6 +12,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/breaker"
 	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/pkg/clock"
 	"github.com/spillway-dev/spillway/pkg/guard"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
@@ -19,14 +20,10 @@ import (
 // opens says whether the controller's breaker would open on window, with a
 // policy that opens on half the calls failing out of at least 10.
 func opens(w protocol.Window) bool {
-	b := breaker.New(breaker.Config{FailureRatio: 0.5, MinCalls: 10, Window: time.Minute, OpenDuration: time.Minute, HalfOpenProbes: 1}, wallClock{})
+	b := breaker.New(breaker.Config{FailureRatio: 0.5, MinCalls: 10, Window: time.Minute, OpenDuration: time.Minute, HalfOpenProbes: 1}, clock.System{})
 	_, moved := b.Evaluate(breaker.Counts{Calls: w.Calls, Failures: w.Failures + w.Timeouts}, breaker.Counts{})
 	return moved
 }
-
-type wallClock struct{}
-
-func (wallClock) Now() time.Time { return time.Now() }
 
 // A worker shutting down cancels the context of 100 calls in flight. None of
 // them is a failure of the dependency: the breaker window counts none, no

@@ -28,13 +28,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/pkg/clock"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/retry"
 )
@@ -114,11 +114,13 @@ type Options struct {
 	Classify func(error) protocol.Outcome
 	// Registerer receives the guard's metrics; nil registers none.
 	Registerer prometheus.Registerer
-	// Rand draws the jitter. Default math/rand/v2's global source; a seeded
-	// source is made safe for concurrent use by the guard.
+	// Rand draws the jitter (retry.FullJitter). Default math/rand/v2's
+	// global source; a seeded source is made safe for concurrent use by the
+	// guard.
 	Rand retry.Rand
-	// Now is the clock used for deadlines. Default time.Now.
-	Now func() time.Time
+	// Clock is the clock a job's deadline is compared with. Default
+	// clock.System.
+	Clock clock.Clock
 }
 
 // Guard enforces one dependency's fleet-wide limits. It is safe for
@@ -219,13 +221,11 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Classify == nil {
 		o.Classify = Classify
 	}
-	if o.Rand == nil {
-		o.Rand = globalRand{}
-	} else {
+	if o.Rand != nil { // nil draws from math/rand/v2's global source
 		o.Rand = &lockedRand{r: o.Rand}
 	}
-	if o.Now == nil {
-		o.Now = time.Now
+	if o.Clock == nil {
+		o.Clock = clock.System{}
 	}
 	return o, nil
 }
@@ -321,7 +321,7 @@ func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
 	if job.Attempt < 0 {
 		return nil, fmt.Errorf("job attempt must not be negative, got %d", job.Attempt)
 	}
-	if !job.Deadline.IsZero() && !g.opts.Now().Before(job.Deadline) {
+	if !job.Deadline.IsZero() && !g.opts.Clock.Now().Before(job.Deadline) {
 		g.metrics.stale.Inc()
 		return nil, &Error{Action: ActionDrop, Reason: ErrStale}
 	}
@@ -363,7 +363,7 @@ func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
 		// Wait without hot polling: capped exponential steps with full jitter,
 		// never past the next lease expiry or rate slot the server hinted at.
 		pause = min(max(2*pause, 5*time.Millisecond), 250*time.Millisecond)
-		sleep := time.Duration(g.rnd.Float64() * float64(pause))
+		sleep := retry.FullJitter(pause, g.rnd)
 		if refusal.After > 0 && refusal.After < sleep {
 			sleep = refusal.After
 		}
@@ -431,7 +431,7 @@ func (g *Guard) refusal(adm protocol.Admission) *Error {
 		if adm.Wait > 0 {
 			d = min(adm.Wait, d) // the first lease expires sooner
 		}
-		return &Error{Action: ActionDefer, Reason: ErrThrottled, After: d/2 + time.Duration(g.rnd.Float64()*float64(d/2))}
+		return &Error{Action: ActionDefer, Reason: ErrThrottled, After: d/2 + retry.FullJitter(d/2, g.rnd)}
 	case protocol.RefusedRate:
 		// Never before the next token, and spread upward like the other
 		// refusals so that the jobs refused together do not return together.
@@ -528,11 +528,6 @@ func Classify(err error) protocol.Outcome {
 	}
 	return protocol.Failure
 }
-
-// globalRand draws from math/rand/v2's global, concurrency-safe source.
-type globalRand struct{}
-
-func (globalRand) Float64() float64 { return rand.Float64() }
 
 // lockedRand makes a caller's seeded source safe for concurrent use.
 type lockedRand struct {

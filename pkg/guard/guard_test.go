@@ -21,6 +21,7 @@ import (
 	"github.com/spillway-dev/spillway/pkg/guard"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/retry"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 const dep = "mail/template-api"
@@ -46,7 +47,7 @@ type published = protocol.Published
 
 func defaultPublished(limit int64) published {
 	return published{
-		State:         protocol.Closed,
+		State:         wire.Closed,
 		Limit:         limit,
 		Capacity:      max(limit, 1),
 		Epoch:         1,
@@ -169,7 +170,7 @@ func TestOpenBreakerFailsFast(t *testing.T) {
 	g := NewWithT(t)
 	rdb := fastClient(redistest.Start(t))
 	p := defaultPublished(0)
-	p.State = protocol.Open
+	p.State = wire.Open
 	p.OpenUntil = time.Now().Add(5 * time.Second)
 	publish(t, rdb, p)
 	gd := newGuard(t, rdb, guard.Options{WaitForSlot: true})
@@ -187,7 +188,7 @@ func TestHalfOpenAdmitsOnlyProbes(t *testing.T) {
 	g := NewWithT(t)
 	rdb := fastClient(redistest.Start(t))
 	p := defaultPublished(3)
-	p.State = protocol.HalfOpen
+	p.State = wire.HalfOpen
 	p.Capacity = 40
 	publish(t, rdb, p)
 	gd := newGuard(t, rdb, guard.Options{})
@@ -207,7 +208,7 @@ func TestStaleJobsAreDroppedBeforeAnyCall(t *testing.T) {
 	publish(t, rdb, defaultPublished(5))
 	reg := prometheus.NewRegistry()
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	gd := newGuard(t, rdb, guard.Options{Registerer: reg, Now: func() time.Time { return now }})
+	gd := newGuard(t, rdb, guard.Options{Registerer: reg, Clock: fixedClock(now)})
 
 	called := 0
 	fn := func(context.Context) error { called++; return nil }
@@ -616,10 +617,15 @@ func TestFleetRateLimit(t *testing.T) {
 func TestOpenPastItsDeadlineNeverHintsZero(t *testing.T) {
 	rdb := fastClient(redistest.Start(t))
 	p := defaultPublished(0)
-	p.State = protocol.Open
+	p.State = wire.Open
 	p.OpenUntil = time.Now().Add(-time.Second)
 	publish(t, rdb, p)
 	gd := newGuard(t, rdb, guard.Options{})
 	after := wantDecision(t, gd.Do(t.Context(), guard.Job{}, ok), guard.ActionDefer, guard.ErrOpen)
 	NewWithT(t).Expect(after).To(BeNumerically(">=", 200*time.Millisecond))
 }
+
+// fixedClock is a clock.Clock that stands still.
+type fixedClock time.Time
+
+func (c fixedClock) Now() time.Time { return time.Time(c) }

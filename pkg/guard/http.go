@@ -7,18 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-)
 
-// The headers a worker sends with every HTTP request, so the dependency's
-// middleware (pkg/shed) can count requests by attempt and drop work whose
-// caller has given up. gRPC carries the same facts in the standard
-// grpc-previous-rpc-attempts metadata and grpc-timeout.
-const (
-	// AttemptHeader carries the attempt number: 1 for a first attempt.
-	AttemptHeader = "Spillway-Attempt"
-	// DeadlineHeader carries the caller's deadline, RFC 3339 with
-	// nanoseconds, UTC.
-	DeadlineHeader = "Spillway-Deadline"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 type attemptKey struct{}
@@ -38,8 +28,11 @@ func AttemptFromContext(ctx context.Context) int {
 	return 1
 }
 
-// Transport is an http.RoundTripper that sets AttemptHeader and, when the
-// request's context has a deadline, DeadlineHeader.
+// Transport is an http.RoundTripper that sets wire.AttemptHeader and, when
+// the request's context has a deadline, wire.DeadlineHeader, so the
+// dependency's middleware (pkg/shed) can count requests by attempt and drop
+// work whose caller has given up. Over gRPC, guardgrpc's interceptors send
+// the attempt and gRPC's own grpc-timeout the deadline.
 type Transport struct {
 	// Base is the transport that sends the request; nil means
 	// http.DefaultTransport.
@@ -53,9 +46,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		base = http.DefaultTransport
 	}
 	r := req.Clone(req.Context())
-	r.Header.Set(AttemptHeader, strconv.Itoa(AttemptFromContext(req.Context())))
+	r.Header.Set(wire.AttemptHeader, strconv.Itoa(AttemptFromContext(req.Context())))
 	if d, ok := req.Context().Deadline(); ok {
-		r.Header.Set(DeadlineHeader, d.UTC().Format(time.RFC3339Nano))
+		r.Header.Set(wire.DeadlineHeader, d.UTC().Format(wire.DeadlineLayout))
 	}
 	return base.RoundTrip(r)
 }
@@ -71,7 +64,7 @@ func CheckResponse(resp *http.Response) error {
 	err := fmt.Errorf("%s %s: %s", resp.Request.Method, resp.Request.URL.Redacted(), resp.Status)
 	switch {
 	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
-		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+		if d, ok := parseRetryAfter(resp.Header.Get(wire.RetryAfterHeader), time.Now()); ok {
 			return RetryAfter(err, d)
 		}
 		return err

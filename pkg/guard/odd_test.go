@@ -13,6 +13,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/guard"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // A custom Classify that returns an outcome the protocol does not know is an
@@ -51,7 +52,7 @@ func TestFarRetryAfterDateIsIgnoredLikeFarSeconds(t *testing.T) {
 		time.Now().Add(48 * time.Hour).UTC().Format(http.TimeFormat),
 	} {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Retry-After", retryAfter)
+			w.Header().Set(wire.RetryAfterHeader, retryAfter)
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}))
 		err := gd.Do(t.Context(), guard.Job{Attempt: 1}, func(ctx context.Context) error {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/retry"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // Permit is one admitted call. Call Done exactly once, with the call's error.
@@ -40,7 +41,7 @@ func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission, 
 		expires:   sent.Add(g.opts.LeaseTTL),
 		endOfLife: sent.Add(g.opts.MaxCallLifetime),
 	}
-	if adm.State == protocol.HalfOpen {
+	if adm.State == wire.HalfOpen {
 		p.probeEpoch = adm.Epoch // only probes are checked against the epoch
 	}
 	p.ctx, p.cancel = context.WithCancelCause(WithAttempt(ctx, job.attempt()))

@@ -17,12 +17,6 @@ import (
 	"github.com/spillway-dev/spillway/pkg/shed"
 )
 
-func TestHeadersMatchTheMiddleware(t *testing.T) {
-	g := NewWithT(t)
-	g.Expect(guard.AttemptHeader).To(Equal(shed.AttemptHeader))
-	g.Expect(guard.DeadlineHeader).To(Equal(shed.DeadlineHeader))
-}
-
 // A worker calling a service that sheds load waits at least the Retry-After
 // the service sent, and the service counts the worker's attempts.
 func TestWorkerHonoursASheddingService(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 func TestAcquireOpen(t *testing.T) {
@@ -17,7 +18,7 @@ func TestAcquireOpen(t *testing.T) {
 	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
 		c := newClient(t, rdb)
 		p := policy(10)
-		p.State = protocol.Open
+		p.State = wire.Open
 		p.OpenUntil = redisNow(t, rdb).Add(5 * time.Second)
 		mustPublish(t, c, p)
 		a := mustAcquire(t, c, time.Second)
@@ -134,7 +135,7 @@ func TestAcquireHalfOpenAdmitsProbes(t *testing.T) {
 		c := newClient(t, rdb)
 		p := policy(2)
 		p.Capacity = 40
-		p.State = protocol.HalfOpen
+		p.State = wire.HalfOpen
 		p.Epoch = 4
 		mustPublish(t, c, p)
 		var probes []protocol.Admission

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/pkg/retry"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // Client runs the protocol's scripts for one dependency.
@@ -135,7 +136,7 @@ type Admission struct {
 	// Member is the lease's member in the leases sorted set: the lease id.
 	Member string
 	// State is the state that admitted the call.
-	State State
+	State wire.State
 	// Wait is a hint for when to ask again (see Code).
 	Wait time.Duration
 	// Newest is the newest known version of a superseded job.
@@ -201,7 +202,7 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 		epoch, _ := intAt(res, 1)
 		limit, _ := intAt(res, 2)
 		state, _ := res[3].(string)
-		return Admission{Code: Admitted, Epoch: epoch, Limit: limit, Member: a.LeaseID, State: State(state), Now: now}, nil
+		return Admission{Code: Admitted, Epoch: epoch, Limit: limit, Member: a.LeaseID, State: wire.State(state), Now: now}, nil
 	case 1:
 		wait, _ := intAt(res, 1)
 		return Admission{Code: RefusedOpen, Wait: time.Duration(wait) * time.Millisecond, Now: now}, nil

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // liveLeases counts the leases that hold a slot now, by Redis time.
@@ -132,7 +133,7 @@ func TestCancelledProbeGivesItsProbeBack(t *testing.T) {
 	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
 		c := newClient(t, rdb)
 		p := policy(1)
-		p.State = protocol.HalfOpen
+		p.State = wire.HalfOpen
 		p.Epoch = 5
 		mustPublish(t, c, p)
 		a := mustAdmit(t, c, 30*time.Second)
@@ -164,10 +165,10 @@ func TestHalfOpenIgnoresOldLeases(t *testing.T) {
 		for range 3 {
 			mustAdmit(t, c, 30*time.Second)
 		}
-		p.State, p.Epoch, p.Limit = protocol.Open, 2, 0
+		p.State, p.Epoch, p.Limit = wire.Open, 2, 0
 		p.OpenUntil = redisNow(t, rdb)
 		mustPublish(t, c, p)
-		p.State, p.Epoch, p.Limit = protocol.HalfOpen, 3, 3
+		p.State, p.Epoch, p.Limit = wire.HalfOpen, 3, 3
 		mustPublish(t, c, p)
 		for i := range 3 {
 			if a := mustAcquire(t, c, 30*time.Second); a.Code != protocol.Admitted {
@@ -189,7 +190,7 @@ func TestStaleOpenAdmitsProbes(t *testing.T) {
 	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
 		c := newClient(t, rdb)
 		p := policy(0)
-		p.State, p.Epoch = protocol.Open, 2
+		p.State, p.Epoch = wire.Open, 2
 		p.OpenUntil = redisNow(t, rdb).Add(time.Hour)
 		mustPublish(t, c, p)
 		setState := func(kv ...any) {
@@ -228,7 +229,7 @@ func TestStaleOpenAdmitsProbes(t *testing.T) {
 
 		// A stale HalfOpen whose probes are spent admits probes at a time
 		// too: no manager reads their outcomes to start the next epoch.
-		p.State, p.Epoch, p.Limit = protocol.HalfOpen, 3, 1
+		p.State, p.Epoch, p.Limit = wire.HalfOpen, 3, 1
 		mustPublish(t, c, p)
 		setState("stale_after_ms", 10_000, "half_open_probes", 3) // two calls from the stale Open still run
 		probe := mustAdmit(t, c, 30*time.Second)

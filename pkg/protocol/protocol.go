@@ -30,20 +30,6 @@ const Version = 3
 // KeyPrefix starts every key of this protocol version.
 const KeyPrefix = "spillway:v3:"
 
-// State is the fleet's state for a dependency, as the controller publishes it.
-type State string
-
-const (
-	// Closed admits calls up to the full capacity.
-	Closed State = "Closed"
-	// Open admits no calls.
-	Open State = "Open"
-	// HalfOpen admits only the probe calls.
-	HalfOpen State = "HalfOpen"
-	// Ramping admits calls up to the current ramp step.
-	Ramping State = "Ramping"
-)
-
 // Outcome is how a call ended, as reported on release.
 type Outcome string
 

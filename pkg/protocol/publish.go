@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/pkg/retry"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // Published is what the controller writes for a dependency: what workers
 // enforce, and the controller's own breaker and ramp state, kept in Redis so
 // that it survives a manager restart.
 type Published struct {
-	State State
+	State wire.State
 	// Limit is the fleet-wide concurrency limit in force.
 	Limit int64
 	// Capacity is capacity.concurrency.
@@ -216,7 +217,7 @@ func (c *Client) parsePublished(m map[string]string) (Published, bool, error) {
 	ms := func(f string) time.Duration { return time.Duration(num(f)) * time.Millisecond }
 	s := func(f string) time.Duration { return time.Duration(num(f)) * time.Second }
 	return Published{
-		State:         State(m["state"]),
+		State:         wire.State(m["state"]),
 		Limit:         num("limit"),
 		Capacity:      num("capacity"),
 		RatePerSecond: num("rate"),

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/retry"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 func TestPublishReadPublishedRoundTrip(t *testing.T) {
@@ -23,7 +24,7 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 
 		base := time.UnixMilli(time.Now().UnixMilli())
 		want := protocol.Published{
-			State:         protocol.Ramping,
+			State:         wire.Ramping,
 			Limit:         17,
 			Capacity:      40,
 			RatePerSecond: 333,
@@ -186,7 +187,7 @@ func TestPublishNewEpochClearsProbes(t *testing.T) {
 	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
 		c := newClient(t, rdb)
 		p := policy(4)
-		p.State = protocol.HalfOpen
+		p.State = wire.HalfOpen
 		p.Epoch = 2
 		mustPublish(t, c, p)
 		for _, o := range []protocol.Outcome{protocol.Success, protocol.Failure, protocol.Timeout, protocol.Success} {
@@ -308,7 +309,7 @@ func TestPublishOutOfOrder(t *testing.T) {
 		// A higher epoch planned from an old state is refused too.
 		late := again
 		late.Epoch = 4
-		late.State = protocol.Open
+		late.State = wire.Open
 		if _, err := b.Publish(ctx, late); !errors.Is(err, protocol.ErrStaleSequence) {
 			t.Errorf("a new epoch planned from an old state: err = %v, want ErrStaleSequence", err)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/retry"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 func TestReleaseCounts(t *testing.T) {
@@ -65,7 +66,7 @@ func TestReleaseCounts(t *testing.T) {
 		if r, err := c.Acquire(ctxT(t), protocol.AcquireArgs{LeaseID: "x", TTL: time.Second, JobKey: "job", JobVersion: 1, JobTTL: time.Minute}); err != nil || r.Code != protocol.RefusedSuperseded {
 			t.Fatalf("%+v %v, want superseded", r, err)
 		}
-		p.State = protocol.Open
+		p.State = wire.Open
 		mustPublish(t, c, p)
 		if r := mustAcquire(t, c, time.Second); r.Code != protocol.RefusedOpen {
 			t.Fatalf("%+v, want open", r)
@@ -85,12 +86,12 @@ func TestReleaseProbes(t *testing.T) {
 		p := policy(10)
 		mustPublish(t, c, p)
 		closed := mustAdmit(t, c, 10*time.Second) // epoch 1, Closed
-		if closed.State != protocol.Closed {
+		if closed.State != wire.Closed {
 			t.Errorf("admission state = %q, want Closed", closed.State)
 		}
 		mustRelease(t, c, mustAdmit(t, c, 10*time.Second), protocol.Failure, 1)
 
-		p.State, p.Epoch, p.Limit = protocol.HalfOpen, 2, 3
+		p.State, p.Epoch, p.Limit = wire.HalfOpen, 2, 3
 		mustPublish(t, c, p)
 		// The epoch-1 call ends during HalfOpen: not a probe, whether the
 		// worker passes its epoch or 0.
@@ -100,7 +101,7 @@ func TestReleaseProbes(t *testing.T) {
 		}
 		probe1 := mustAdmit(t, c, 10*time.Second)
 		probe2 := mustAdmit(t, c, 10*time.Second)
-		if probe1.Epoch != 2 || probe1.State != protocol.HalfOpen {
+		if probe1.Epoch != 2 || probe1.State != wire.HalfOpen {
 			t.Fatalf("probe admitted at epoch %d in %q, want 2, HalfOpen", probe1.Epoch, probe1.State)
 		}
 		mustRelease(t, c, probe1, protocol.Success, 1)
@@ -113,16 +114,16 @@ func TestReleaseProbes(t *testing.T) {
 		// A probe of epoch 2 that ends after the breaker reopened (epoch 3)
 		// and half-opened again (epoch 4) is not one of epoch 4's probes.
 		late := mustAdmit(t, c, 10*time.Second)
-		p.State, p.Epoch, p.Limit = protocol.Open, 3, 0
+		p.State, p.Epoch, p.Limit = wire.Open, 3, 0
 		mustPublish(t, c, p)
-		p.State, p.Epoch, p.Limit = protocol.HalfOpen, 4, 3
+		p.State, p.Epoch, p.Limit = wire.HalfOpen, 4, 3
 		mustPublish(t, c, p)
 		mustRelease(t, c, late, protocol.Success, 1)
 		if _, pr = mustWindow(t, c, time.Minute, time.Time{}); pr != (protocol.Probes{}) {
 			t.Errorf("probes of epoch 4 = %+v, want none: the epoch-2 probe does not count", pr)
 		}
 		// Closed again: a release with the current epoch is not a probe.
-		p.State, p.Epoch, p.Limit = protocol.Closed, 5, 10
+		p.State, p.Epoch, p.Limit = wire.Closed, 5, 10
 		mustPublish(t, c, p)
 		a := mustAdmit(t, c, 10*time.Second)
 		if _, err := c.Release(ctxT(t), a.Member, 5, protocol.Failure, 1); err != nil {

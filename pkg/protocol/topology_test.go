@@ -15,6 +15,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/retry"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // The package shares one standalone server and one 3-master cluster between
@@ -125,7 +126,7 @@ func newClient(t testing.TB, rdb redis.UniversalClient) *protocol.Client {
 // policy is a Closed policy with the seed parameters and the given limit.
 func policy(limit int64) protocol.Published {
 	return protocol.Published{
-		State:    protocol.Closed,
+		State:    wire.Closed,
 		Limit:    limit,
 		Capacity: max(limit, 1),
 		Epoch:    1,

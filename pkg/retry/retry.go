@@ -15,6 +15,7 @@ package retry
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"time"
 )
 
@@ -34,7 +35,8 @@ const (
 
 // Rand is a source of uniform floats in [0, 1). *math/rand/v2.Rand and
 // *math/rand.Rand satisfy it; the caller seeds it. Values outside [0, 1] are
-// clamped and NaN counts as 0.
+// clamped and NaN counts as 0. Where a Rand may be nil, nil means
+// math/rand/v2's global source.
 type Rand interface {
 	Float64() float64
 }
@@ -96,9 +98,9 @@ func (b Backoff) Delay(attempt int, rnd Rand) time.Duration {
 		return c
 	case JitterEqual:
 		half := c / 2
-		return half + uniform(c-half, rnd)
+		return half + FullJitter(c-half, rnd)
 	default:
-		return uniform(c, rnd)
+		return FullJitter(c, rnd)
 	}
 }
 
@@ -110,7 +112,7 @@ func RetryAfter(server time.Duration, rnd Rand) time.Duration {
 	if server <= 0 {
 		return 0
 	}
-	return addSat(server, uniform(server/2, rnd))
+	return addSat(server, FullJitter(server/2, rnd))
 }
 
 // Park returns the delay for work that may not retry now because the retry
@@ -121,16 +123,28 @@ func Park(b Backoff, rnd Rand) time.Duration {
 	if b.Max <= 0 {
 		return 0
 	}
-	return addSat(b.Max, uniform(b.Max, rnd))
+	return addSat(b.Max, FullJitter(b.Max, rnd))
 }
 
-// uniform returns a duration in [0, d] drawn from rnd; d <= 0 returns 0
-// without drawing.
-func uniform(d time.Duration, rnd Rand) time.Duration {
+// FullJitter returns a duration drawn uniformly from [0, d]: full jitter,
+// Spillway's one jitter helper. Every randomised delay is built from it, an
+// offset plus FullJitter of a width: the backoff modes here, the worker
+// library's waits and refusal hints, the service middleware's Retry-After,
+// the controller's requeues and the simulator's policies.
+//
+// d <= 0 returns 0 without drawing. A nil rnd draws from math/rand/v2's
+// global source, which is safe for concurrent use. Values of rnd outside
+// [0, 1] are clamped and NaN counts as 0.
+func FullJitter(d time.Duration, rnd Rand) time.Duration {
 	if d <= 0 {
 		return 0
 	}
-	f := rnd.Float64()
+	var f float64
+	if rnd == nil {
+		f = rand.Float64()
+	} else {
+		f = rnd.Float64()
+	}
 	switch {
 	case !(f > 0): // also NaN
 		return 0

@@ -330,3 +330,31 @@ func TestParkBounds(t *testing.T) {
 		}
 	}
 }
+
+func TestFullJitter(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		f    float64
+		want time.Duration
+	}{
+		{10 * time.Second, 0, 0},
+		{10 * time.Second, 0.25, 2500 * time.Millisecond},
+		{10 * time.Second, 1, 10 * time.Second},
+		{10 * time.Second, 2, 10 * time.Second},
+		{10 * time.Second, -1, 0},
+		{10 * time.Second, math.NaN(), 0},
+		{0, 0.5, 0},
+		{-time.Second, 0.5, 0},
+		{maxDuration, 0.9999999999999999, maxDuration - 1023},
+	} {
+		if got := FullJitter(tc.d, fixedRand(tc.f)); got != tc.want {
+			t.Errorf("FullJitter(%v, %v) = %v, want %v", tc.d, tc.f, got, tc.want)
+		}
+	}
+	// A nil Rand draws from the global source, within [0, d].
+	for range 1000 {
+		if got := FullJitter(time.Second, nil); got < 0 || got > time.Second {
+			t.Fatalf("FullJitter(1s, nil) = %v, want within [0, 1s]", got)
+		}
+	}
+}

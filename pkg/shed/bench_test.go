@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/spillway-dev/spillway/pkg/shed"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // BenchmarkMiddleware compares a bare handler with the same handler behind
@@ -40,11 +41,11 @@ func BenchmarkMiddleware(b *testing.B) {
 		req     *http.Request
 	}{
 		{"bare", ok, newReq(nil)},
-		{"shed", withShedder(shed.Options{MaxInFlight: 1000}), newReq(map[string]string{shed.AttemptHeader: "2"})},
+		{"shed", withShedder(shed.Options{MaxInFlight: 1000}), newReq(map[string]string{wire.AttemptHeader: "2"})},
 		{"shed_quota", withShedder(shed.Options{MaxInFlight: 1000, DefaultQuota: 10}),
-			newReq(map[string]string{shed.AttemptHeader: "2", shed.DefaultCallerHeader: "caller-1"})},
+			newReq(map[string]string{wire.AttemptHeader: "2", wire.DefaultCallerHeader: "caller-1"})},
 		{"shed_deadline", withShedder(shed.Options{MaxInFlight: 1000}),
-			newReq(map[string]string{shed.AttemptHeader: "2", shed.DeadlineHeader: time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano)})},
+			newReq(map[string]string{wire.AttemptHeader: "2", wire.DeadlineHeader: time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano)})},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -67,7 +68,7 @@ func BenchmarkUnaryInterceptor(b *testing.B) {
 	}
 	intercept := s.UnaryServerInterceptor()
 	info := &grpc.UnaryServerInfo{FullMethod: "/grpc.health.v1.Health/Check"}
-	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(shed.PreviousAttemptsMetadata, "1", "x-api-key", "caller-1"))
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(wire.PreviousAttemptsMetadata, "1", "x-api-key", "caller-1"))
 	b.Run("bare", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

@@ -31,19 +31,20 @@
 //
 // # Wire contract
 //
-// Over HTTP a caller sends:
+// Every name below is declared once, in pkg/wire, and imported by both the
+// worker library (pkg/guard) and this package. Over HTTP a caller sends:
 //
-//   - AttemptHeader (Spillway-Attempt): the attempt number of this request,
+//   - wire.AttemptHeader (Spillway-Attempt): the attempt number of this request,
 //     a decimal integer: 1 for the first attempt, 2 for the first retry, and
 //     so on.
-//   - DeadlineHeader (Spillway-Deadline): the absolute time after which the
+//   - wire.DeadlineHeader (Spillway-Deadline): the absolute time after which the
 //     caller no longer wants the answer, in RFC 3339 with sub-second precision
-//     (time.RFC3339Nano), normally in UTC, for example
+//     (wire.DeadlineLayout, time.RFC3339Nano), normally in UTC, for example
 //     2026-05-01T12:00:03.250Z. An absolute deadline assumes the two
 //     clocks agree (NTP): a caller whose clock runs seconds behind the
 //     service's sees its requests dropped as expired.
-//   - The caller key header (Options.CallerHeader, default DefaultCallerHeader,
-//     X-Api-Key).
+//   - The caller key header (Options.CallerHeader, default
+//     wire.DefaultCallerHeader, X-Api-Key).
 //
 // The service answers a shed request with:
 //
@@ -51,18 +52,19 @@
 //   - 429 Too Many Requests: this caller is over its quota.
 //   - 504 Gateway Timeout: the request's deadline had already passed.
 //
-// 503 and 429 carry the standard header "Retry-After: <seconds>", so any
+// 503 and 429 carry the standard header wire.RetryAfterHeader
+// ("Retry-After: <seconds>"), so any
 // client that honours Retry-After spreads its retries.
 //
 // Over gRPC the attempt number is the standard grpc-previous-rpc-attempts
-// metadata (set by gRPC's own retry support; attempt = value + 1), the
+// metadata (wire.PreviousAttemptsMetadata) (set by gRPC's own retry support; attempt = value + 1), the
 // deadline is the standard grpc-timeout (the server context's deadline) and
 // the caller key is the metadata key Options.CallerHeader in lower case
 // (default x-api-key). Rejections use the codes UNAVAILABLE,
 // RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED; UNAVAILABLE and
-// RESOURCE_EXHAUSTED carry the trailer metadata RetryAfterMetadata
+// RESOURCE_EXHAUSTED carry the trailer metadata wire.RetryAfterMetadata
 // (retry-after, whole seconds) and gRPC's standard server pushback
-// PushbackMetadata (grpc-retry-pushback-ms, the same delay in milliseconds),
+// wire.PushbackMetadata (grpc-retry-pushback-ms, the same delay in milliseconds),
 // which grpc-go's built-in retry policy honours.
 //
 // For another transport (a queue consumer, a custom protocol), call

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/pkg/shed"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 func Example() {
@@ -34,7 +35,7 @@ func Example() {
 
 	serve := func(key string, headers ...string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodGet, "/render", nil)
-		r.Header.Set(shed.DefaultCallerHeader, key)
+		r.Header.Set(wire.DefaultCallerHeader, key)
 		for i := 0; i+1 < len(headers); i += 2 {
 			r.Header.Set(headers[i], headers[i+1])
 		}
@@ -44,11 +45,11 @@ func Example() {
 	}
 
 	// A first attempt within quota is served.
-	fmt.Println(serve("team-a", shed.AttemptHeader, "1").Code)
+	fmt.Println(serve("team-a", wire.AttemptHeader, "1").Code)
 
 	// A retry whose caller has already given up is dropped before any work.
-	expired := time.Now().Add(-time.Second).UTC().Format(time.RFC3339Nano)
-	fmt.Println(serve("team-a", shed.AttemptHeader, "2", shed.DeadlineHeader, expired).Code)
+	expired := time.Now().Add(-time.Second).UTC().Format(wire.DeadlineLayout)
+	fmt.Println(serve("team-a", wire.AttemptHeader, "2", wire.DeadlineHeader, expired).Code)
 
 	// Requests without a key are many clients, not one caller: a second
 	// keyless request is served while the first is still running.
@@ -76,7 +77,7 @@ func Example() {
 	// 429 true
 }
 
-// manualClock is a shed.Clock the example moves by hand.
+// manualClock is a clock.Clock the example moves by hand.
 type manualClock struct{ now time.Time }
 
 func (c *manualClock) Now() time.Time { return c.now }

@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // UnaryServerInterceptor returns an interceptor that admits or rejects each
@@ -49,7 +51,7 @@ func (s *Shedder) StreamServerInterceptor() grpc.StreamServerInterceptor {
 // deadline of an incoming call, counting a malformed attempt count.
 func (s *Shedder) grpcRequest(ctx context.Context) Request {
 	req := Request{Caller: first(metadata.ValueFromIncomingContext(ctx, s.callerMD)), Attempt: 1}
-	if v := first(metadata.ValueFromIncomingContext(ctx, PreviousAttemptsMetadata)); v != "" {
+	if v := first(metadata.ValueFromIncomingContext(ctx, wire.PreviousAttemptsMetadata)); v != "" {
 		if n, ok := parsePrevious(v); ok {
 			req.Attempt = n + 1
 		} else {
@@ -77,8 +79,8 @@ func trailer(err error) metadata.MD {
 		return nil
 	}
 	return metadata.Pairs(
-		RetryAfterMetadata, strconv.FormatInt(int64(rej.RetryAfter/time.Second), 10),
-		PushbackMetadata, strconv.FormatInt(rej.RetryAfter.Milliseconds(), 10),
+		wire.RetryAfterMetadata, strconv.FormatInt(int64(rej.RetryAfter/time.Second), 10),
+		wire.PushbackMetadata, strconv.FormatInt(rej.RetryAfter.Milliseconds(), 10),
 	)
 }
 

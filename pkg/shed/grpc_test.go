@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/spillway-dev/spillway/pkg/shed"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // healthServer is the service under test: the standard gRPC health service,
@@ -83,12 +84,12 @@ func withKey(ctx context.Context, key string) context.Context {
 // rejected call.
 func checkRetryTrailer(t *testing.T, md metadata.MD) {
 	t.Helper()
-	secs, err := strconv.Atoi(first(md.Get(shed.RetryAfterMetadata)))
+	secs, err := strconv.Atoi(first(md.Get(wire.RetryAfterMetadata)))
 	if err != nil || secs < 1 || secs > 10 {
-		t.Fatalf("trailer %s = %q, want whole seconds in [1, 10]", shed.RetryAfterMetadata, md.Get(shed.RetryAfterMetadata))
+		t.Fatalf("trailer %s = %q, want whole seconds in [1, 10]", wire.RetryAfterMetadata, md.Get(wire.RetryAfterMetadata))
 	}
-	if got := first(md.Get(shed.PushbackMetadata)); got != strconv.Itoa(secs*1000) {
-		t.Fatalf("trailer %s = %q, want %d", shed.PushbackMetadata, got, secs*1000)
+	if got := first(md.Get(wire.PushbackMetadata)); got != strconv.Itoa(secs*1000) {
+		t.Fatalf("trailer %s = %q, want %d", wire.PushbackMetadata, got, secs*1000)
 	}
 }
 
@@ -169,7 +170,7 @@ func TestGRPCAttemptFromPreviousAttempts(t *testing.T) {
 	for _, prev := range []string{"", "0", "1", "2", "7", "abc", "-1"} {
 		ctx := t.Context()
 		if prev != "" {
-			ctx = metadata.AppendToOutgoingContext(ctx, shed.PreviousAttemptsMetadata, prev)
+			ctx = metadata.AppendToOutgoingContext(ctx, wire.PreviousAttemptsMetadata, prev)
 		}
 		if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 			t.Fatalf("Check with previous attempts %q: %v", prev, err)

@@ -15,7 +15,7 @@ import (
 	"github.com/spillway-dev/spillway/pkg/shed"
 )
 
-// fakeClock is a shed.Clock moved by hand.
+// fakeClock is a clock.Clock moved by hand.
 type fakeClock struct {
 	mu  sync.Mutex
 	now time.Time

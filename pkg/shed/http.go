@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // maxAttemptDigits bounds an attempt number: longer values are malformed,
@@ -14,7 +16,7 @@ const maxAttemptDigits = 9
 
 // Middleware returns next behind the Shedder: each request is admitted or
 // rejected (503, 429 or 504, see the package documentation) before next sees
-// it, and a valid future DeadlineHeader becomes the deadline of the request's
+// it, and a valid future wire.DeadlineHeader becomes the deadline of the request's
 // context.
 func (s *Shedder) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -42,15 +44,15 @@ func (s *Shedder) serveHTTP(w http.ResponseWriter, r *http.Request, next http.Ha
 // malformed ones.
 func (s *Shedder) httpRequest(h http.Header) Request {
 	req := Request{Caller: first(h[s.callerH]), Attempt: 1}
-	if v := first(h[AttemptHeader]); v != "" {
+	if v := first(h[wire.AttemptHeader]); v != "" {
 		if n, ok := parseAttempt(v); ok {
 			req.Attempt = n
 		} else {
 			s.metrics.malformedAttempt.Inc()
 		}
 	}
-	if v := first(h[DeadlineHeader]); v != "" {
-		if d, err := time.Parse(time.RFC3339Nano, v); err == nil {
+	if v := first(h[wire.DeadlineHeader]); v != "" {
+		if d, err := time.Parse(wire.DeadlineLayout, v); err == nil {
 			req.Deadline = d
 		} else {
 			s.metrics.malformedDeadline.Inc()
@@ -92,7 +94,7 @@ func writeRejection(w http.ResponseWriter, err error) {
 		rej = &Rejection{Reason: ReasonOverload}
 	}
 	if rej.RetryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.FormatInt(int64(rej.RetryAfter/time.Second), 10))
+		w.Header().Set(wire.RetryAfterHeader, strconv.FormatInt(int64(rej.RetryAfter/time.Second), 10))
 	}
 	http.Error(w, rej.Error(), rej.HTTPStatus())
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/pkg/shed"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // TestHTTPFloodingCallerLeavesOthersServed sends 2,000 concurrent requests
@@ -32,7 +33,7 @@ func TestHTTPFloodingCallerLeavesOthersServed(t *testing.T) {
 	inHandler := map[string]int{}
 	peak := map[string]int{}
 	srv := newServer(t, s.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get(shed.DefaultCallerHeader)
+		key := r.Header.Get(wire.DefaultCallerHeader)
 		mu.Lock()
 		inHandler[key]++
 		peak[key] = max(peak[key], inHandler[key])
@@ -50,7 +51,7 @@ func TestHTTPFloodingCallerLeavesOthersServed(t *testing.T) {
 	for range floodRequests {
 		flood.Go(func() {
 			<-start
-			resp, err := get(t, floodClient, srv.URL, map[string]string{shed.DefaultCallerHeader: "flooder"})
+			resp, err := get(t, floodClient, srv.URL, map[string]string{wire.DefaultCallerHeader: "flooder"})
 			switch {
 			case err != nil:
 				floodErr.Add(1) // the flooder's own connection trouble; not asserted
@@ -71,7 +72,7 @@ func TestHTTPFloodingCallerLeavesOthersServed(t *testing.T) {
 	for range goodWorkers {
 		good.Go(func() {
 			for range goodPerWorker {
-				resp, err := get(t, goodClient, srv.URL, map[string]string{shed.DefaultCallerHeader: "good"})
+				resp, err := get(t, goodClient, srv.URL, map[string]string{wire.DefaultCallerHeader: "good"})
 				if err == nil && resp.StatusCode == http.StatusOK {
 					goodOK.Add(1)
 				} else {
@@ -163,7 +164,7 @@ func TestHTTPPastDeadlineNeverReachesHandler(t *testing.T) {
 		past.In(time.FixedZone("", 2*3600)).Format(time.RFC3339Nano),
 		past.UTC().Format(time.RFC3339),
 	} {
-		resp, err := get(t, c, srv.URL, map[string]string{shed.DeadlineHeader: deadline})
+		resp, err := get(t, c, srv.URL, map[string]string{wire.DeadlineHeader: deadline})
 		if err != nil {
 			t.Fatalf("GET: %v", err)
 		}
@@ -179,7 +180,7 @@ func TestHTTPPastDeadlineNeverReachesHandler(t *testing.T) {
 	go func() { _, _ = get(t, c, srv.URL, nil) }()
 	waitFor(t, "the slot taken", func() bool { return h.entered.Load() == 1 })
 	soon := time.Now().Add(100 * time.Millisecond).UTC().Format(time.RFC3339Nano)
-	resp, err := get(t, c, srv.URL, map[string]string{shed.DeadlineHeader: soon})
+	resp, err := get(t, c, srv.URL, map[string]string{wire.DeadlineHeader: soon})
 	if err != nil {
 		t.Fatalf("GET: %v", err)
 	}
@@ -200,7 +201,7 @@ func TestHTTPFutureDeadlineAppliedToContext(t *testing.T) {
 		got <- d
 	})))
 	want := time.Now().Add(time.Minute).Round(0).UTC()
-	resp, err := get(t, newClient(t, 1), srv.URL, map[string]string{shed.DeadlineHeader: want.Format(time.RFC3339Nano)})
+	resp, err := get(t, newClient(t, 1), srv.URL, map[string]string{wire.DeadlineHeader: want.Format(time.RFC3339Nano)})
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET: %v %v, want 200", resp, err)
 	}
@@ -330,13 +331,13 @@ func TestHTTPMalformedHeaders(t *testing.T) {
 	srv := newServer(t, s.Middleware(h))
 	c := newClient(t, 4)
 
-	go func() { _, _ = get(t, c, srv.URL, map[string]string{shed.DefaultCallerHeader: "k"}) }()
+	go func() { _, _ = get(t, c, srv.URL, map[string]string{wire.DefaultCallerHeader: "k"}) }()
 	waitFor(t, "k's slot taken", func() bool { return h.entered.Load() == 1 })
 
 	badAttempts := []string{"-5", "abc", "0", "99999999999999999999", "1234567890", "1e3", "+2", "0x10", "3.0"}
 	badDeadlines := []string{"garbage", "2026-13-01T00:00:00Z", "1714560000", "tomorrow", "9999-99-99T99:99:99Z"}
 	send := func(headers map[string]string) {
-		headers[shed.DefaultCallerHeader] = "k"
+		headers[wire.DefaultCallerHeader] = "k"
 		resp, err := get(t, c, srv.URL, headers)
 		if err != nil {
 			t.Fatalf("GET: %v", err)
@@ -346,10 +347,10 @@ func TestHTTPMalformedHeaders(t *testing.T) {
 		}
 	}
 	for _, v := range badAttempts {
-		send(map[string]string{shed.AttemptHeader: v})
+		send(map[string]string{wire.AttemptHeader: v})
 	}
 	for _, v := range badDeadlines {
-		send(map[string]string{shed.DeadlineHeader: v})
+		send(map[string]string{wire.DeadlineHeader: v})
 	}
 	close(h.release)
 
@@ -380,7 +381,7 @@ func TestHTTPMalformedDeadlineMeansNoDeadline(t *testing.T) {
 		_, ok := r.Context().Deadline()
 		hasDeadline <- ok
 	})))
-	resp, err := get(t, newClient(t, 1), srv.URL, map[string]string{shed.DeadlineHeader: "garbage", shed.AttemptHeader: "abc"})
+	resp, err := get(t, newClient(t, 1), srv.URL, map[string]string{wire.DeadlineHeader: "garbage", wire.AttemptHeader: "abc"})
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET: %v %v, want 200", resp, err)
 	}
@@ -396,7 +397,7 @@ func TestHTTPAttemptsCounted(t *testing.T) {
 	for _, attempt := range []string{"", "1", "1", "2", "2", "3", "4", "17"} {
 		headers := map[string]string{}
 		if attempt != "" {
-			headers[shed.AttemptHeader] = attempt
+			headers[wire.AttemptHeader] = attempt
 		}
 		if resp, err := get(t, c, srv.URL, headers); err != nil || resp.StatusCode != http.StatusOK {
 			t.Fatalf("GET attempt %q: %v %v", attempt, resp, err)

@@ -6,31 +6,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// Wire contract: the names a caller uses to tell the service about a request.
-const (
-	// AttemptHeader is the HTTP header carrying the attempt number of a
-	// request as a decimal integer: 1 for the first attempt, 2 for the first
-	// retry, and so on. A missing header means attempt 1.
-	AttemptHeader = "Spillway-Attempt"
-	// DeadlineHeader is the HTTP header carrying the caller's absolute
-	// deadline in RFC 3339 with sub-second precision (time.RFC3339Nano),
-	// normally in UTC. A missing header means no deadline.
-	DeadlineHeader = "Spillway-Deadline"
-	// DefaultCallerHeader is the default HTTP header naming the caller; over
-	// gRPC the same name in lower case (x-api-key) is the metadata key.
-	DefaultCallerHeader = "X-Api-Key"
-	// PreviousAttemptsMetadata is gRPC's standard metadata key counting the
-	// attempts made before this one; the attempt number is its value + 1.
-	PreviousAttemptsMetadata = "grpc-previous-rpc-attempts"
-	// RetryAfterMetadata is the gRPC trailer metadata key carrying the
-	// randomized retry delay in whole seconds, the gRPC counterpart of the
-	// HTTP Retry-After header.
-	RetryAfterMetadata = "retry-after"
-	// PushbackMetadata is gRPC's standard server pushback trailer key: the
-	// same retry delay in milliseconds, honoured by grpc-go's retry policy.
-	PushbackMetadata = "grpc-retry-pushback-ms"
+	"github.com/spillway-dev/spillway/pkg/clock"
+	"github.com/spillway-dev/spillway/pkg/retry"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // Defaults applied by New to zero-valued Options fields.
@@ -41,11 +20,6 @@ const (
 	// RetryAfterMin is larger: see Options.RetryAfterMax.
 	DefaultRetryAfterMax = 10 * time.Second
 )
-
-// Clock supplies the current time; a test can move a fake one by hand.
-type Clock interface {
-	Now() time.Time
-}
 
 // Ramp is a slow start for a service that comes back with cold caches: the
 // concurrency limit climbs through Steps, one step per StepDuration, up to
@@ -83,13 +57,6 @@ func (r *Ramp) validate(maxInFlight int64) error {
 	return nil
 }
 
-// Rand is a source of uniform floats in [0, 1). *math/rand/v2.Rand and
-// *math/rand.Rand satisfy it. A Shedder serialises its calls, so a Rand that
-// is not safe for concurrent use is fine.
-type Rand interface {
-	Float64() float64
-}
-
 // Options configures a Shedder. Only MaxInFlight is required.
 type Options struct {
 	// MaxInFlight is the most requests admitted at once; >= 1.
@@ -115,7 +82,8 @@ type Options struct {
 	RetryAfterMax time.Duration
 
 	// CallerHeader names the HTTP header carrying the caller's API key; its
-	// lower-case form is the gRPC metadata key. Default X-Api-Key.
+	// lower-case form is the gRPC metadata key. Default
+	// wire.DefaultCallerHeader (X-Api-Key).
 	CallerHeader string
 	// DefaultQuota is the most requests one API key may have admitted or
 	// queued at once; >= 0. 0, the default, gives callers no quota of their
@@ -137,12 +105,15 @@ type Options struct {
 	// min(MaxInFlight, current step). Every step must be <= MaxInFlight.
 	Ramp *Ramp
 	// Clock drives the ramp and the amplification-ratio window; nil means
-	// the system clock. Deadlines are always compared with the system clock,
-	// since they are applied to real contexts.
-	Clock Clock
-	// Rand draws Retry-After values; nil means math/rand/v2's global source.
-	// Seed one for reproducible tests.
-	Rand Rand
+	// the system clock (clock.System). A test can move a fake one by hand.
+	// Deadlines are always compared with the system clock, since they are
+	// applied to real contexts.
+	Clock clock.Clock
+	// Rand draws Retry-After values (with retry.FullJitter); nil means
+	// math/rand/v2's global source. *math/rand/v2.Rand satisfies it; seed
+	// one for reproducible tests. A Shedder serialises its calls, so a Rand
+	// that is not safe for concurrent use is fine.
+	Rand retry.Rand
 	// Registerer receives the spillway_service_ metrics; nil means no
 	// metrics.
 	Registerer prometheus.Registerer
@@ -157,7 +128,7 @@ func (o Options) withDefaults() Options {
 		o.RetryAfterMax = max(DefaultRetryAfterMax, 2*o.RetryAfterMin)
 	}
 	if o.CallerHeader == "" {
-		o.CallerHeader = DefaultCallerHeader
+		o.CallerHeader = wire.DefaultCallerHeader
 	}
 	return o
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -15,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/spillway-dev/spillway/internal/ramp"
+	"github.com/spillway-dev/spillway/pkg/clock"
+	"github.com/spillway-dev/spillway/pkg/retry"
 )
 
 // Reason says why a request was shed; the values are the reason label of
@@ -124,7 +125,7 @@ func (t Ticket) Release() {
 // Shedder is normally shared by all the transports of a service.
 type Shedder struct {
 	opts    Options
-	clock   Clock
+	clock   clock.Clock
 	gate    gate
 	callers *callers
 	metrics *metrics
@@ -135,7 +136,7 @@ type Shedder struct {
 	rampFinal int64 // the limit once the ramp is done
 
 	randMu sync.Mutex
-	rand   Rand
+	rand   retry.Rand
 
 	callerMD string // CallerHeader in lower case, the gRPC metadata key
 	callerH  string // CallerHeader in canonical form, the http.Header key
@@ -158,7 +159,7 @@ func New(opts Options) (*Shedder, error) {
 		callerH:  http.CanonicalHeaderKey(opts.CallerHeader),
 	}
 	if s.clock == nil {
-		s.clock = systemClock{}
+		s.clock = clock.System{}
 	}
 	s.gate = gate{
 		maxInFlight:  opts.MaxInFlight,
@@ -175,10 +176,6 @@ func New(opts Options) (*Shedder, error) {
 	}
 	return s, nil
 }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 func (s *Shedder) startRamp() {
 	s.rampDone.Store(true)
@@ -277,20 +274,21 @@ func (s *Shedder) reject(reason Reason) *Rejection {
 }
 
 // retryAfter draws a whole number of seconds uniformly from
-// [RetryAfterMin, RetryAfterMax].
+// [RetryAfterMin, RetryAfterMax]: RetryAfterMin plus the whole seconds of a
+// full jitter over the n = max − min + 1 seconds of the range.
 func (s *Shedder) retryAfter() time.Duration {
-	lo := int64(s.opts.RetryAfterMin / time.Second)
-	n := int64(s.opts.RetryAfterMax/time.Second) - lo + 1
-	var u float64
+	lo := s.opts.RetryAfterMin.Truncate(time.Second)
+	hi := s.opts.RetryAfterMax.Truncate(time.Second)
+	width := hi - lo + time.Second
+	var d time.Duration
 	if s.rand == nil {
-		u = rand.Float64()
+		d = retry.FullJitter(width, nil)
 	} else {
 		s.randMu.Lock()
-		u = s.rand.Float64()
+		d = retry.FullJitter(width, s.rand)
 		s.randMu.Unlock()
 	}
-	k := min(max(int64(u*float64(n)), 0), n-1) // clamp a misbehaving Rand
-	return time.Duration(lo+k) * time.Second
+	return min(lo+d.Truncate(time.Second), hi) // a Rand returning 1 lands on hi
 }
 
 // Stats is a snapshot of a Shedder's state.

@@ -25,6 +25,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/promtest"
 	"github.com/spillway-dev/spillway/internal/replay"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // plainDependency is a dependency with a concurrency capacity, down while
@@ -247,7 +248,7 @@ func TestBoundingWithoutTheLibrary(t *testing.T) {
 	}()
 	defer func() { close(stopScaler); <-scalerDone }()
 
-	stateLimit := func() (protocol.State, int64) {
+	stateLimit := func() (wire.State, int64) {
 		p, ok, err := proto.ReadPublished(ctx)
 		if err != nil || !ok {
 			return "", 0
@@ -270,7 +271,7 @@ func TestBoundingWithoutTheLibrary(t *testing.T) {
 	// minimum pinned at what it ran at the outage (8), capped at that.
 	dep.down.Store(true)
 	down := time.Now()
-	g.Eventually(func() protocol.State { s, _ := stateLimit(); return s }).WithTimeout(20 * time.Second).Should(Equal(protocol.Open))
+	g.Eventually(func() wire.State { s, _ := stateLimit(); return s }).WithTimeout(20 * time.Second).Should(Equal(wire.Open))
 	t.Logf("Open %v after the dependency went down", time.Since(down).Round(100*time.Millisecond))
 	g.Eventually(replicasOf).Should(Equal("min=2 max=2"))
 	var so kedav1alpha1.ScaledObject
@@ -285,7 +286,7 @@ func TestBoundingWithoutTheLibrary(t *testing.T) {
 	up := time.Now()
 	overloadsBefore := dep.overloads.Load()
 	type sample struct {
-		state    protocol.State
+		state    wire.State
 		limit    int64
 		max      int32
 		replicas int64
@@ -293,13 +294,13 @@ func TestBoundingWithoutTheLibrary(t *testing.T) {
 	}
 	var samples []sample
 	dep.takePeak()
-	g.Eventually(func() protocol.State {
+	g.Eventually(func() wire.State {
 		time.Sleep(100 * time.Millisecond)
 		s, l := stateLimit()
 		_, hi := bounds()
 		samples = append(samples, sample{state: s, limit: l, max: hi, replicas: fleet.replicas.Load(), peak: dep.takePeak()})
 		return s
-	}).WithTimeout(60 * time.Second).WithPolling(time.Millisecond).Should(Equal(protocol.Closed))
+	}).WithTimeout(60 * time.Second).WithPolling(time.Millisecond).Should(Equal(wire.Closed))
 
 	var seen []string
 	for _, s := range samples {
@@ -311,7 +312,7 @@ func TestBoundingWithoutTheLibrary(t *testing.T) {
 	t.Logf("Recovery: %v, Closed %v after the dependency came back", seen, time.Since(up).Round(100*time.Millisecond))
 	rampMax := map[int64]bool{}
 	for _, s := range samples {
-		if s.state != protocol.Ramping {
+		if s.state != wire.Ramping {
 			continue
 		}
 		// The bound follows the ramp: one replica per slot of the step.

@@ -39,6 +39,7 @@ import (
 	"github.com/spillway-dev/spillway/pkg/guard"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/retry"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 const (
@@ -238,7 +239,7 @@ func TestGoAndPythonWorkersShareOneLimitBreakerAndBudget(t *testing.T) {
 	proto, err := protocol.NewClient(rdb, protocol.Dependency{Namespace: "fleet", Name: "vehicle-api"})
 	g.Expect(err).NotTo(HaveOccurred())
 	policy := protocol.Published{
-		State: protocol.Closed, Limit: limit, Capacity: limit, Epoch: 1,
+		State: wire.Closed, Limit: limit, Capacity: limit, Epoch: 1,
 		Backoff: retry.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond, Jitter: retry.JitterFull},
 		// Ratio 0: the budget is exactly minRetries over a window longer
 		// than the test, so the fleet's grants can be counted.
@@ -288,7 +289,7 @@ func TestGoAndPythonWorkersShareOneLimitBreakerAndBudget(t *testing.T) {
 
 	// Phase 3, the breaker opens (the test publishes what the controller
 	// would): both languages are refused, nothing reaches the dependency.
-	policy.State, policy.Limit, policy.Epoch = protocol.Open, 0, 2
+	policy.State, policy.Limit, policy.Epoch = wire.Open, 0, 2
 	policy.OpenUntil = time.Now().Add(time.Minute)
 	_, err = proto.Publish(ctx, policy)
 	g.Expect(err).NotTo(HaveOccurred())

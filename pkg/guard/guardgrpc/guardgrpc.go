@@ -1,5 +1,6 @@
 // Package guardgrpc carries the worker library's attempt number on gRPC calls
-// in the standard grpc-previous-rpc-attempts metadata, which the dependency's
+// in the standard grpc-previous-rpc-attempts metadata
+// (wire.PreviousAttemptsMetadata), which the dependency's
 // middleware (pkg/shed) counts to measure retry amplification. The deadline
 // travels as gRPC's own grpc-timeout.
 //
@@ -16,11 +17,8 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/spillway-dev/spillway/pkg/guard"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
-
-// PreviousAttemptsMetadata is gRPC's metadata key for the number of attempts
-// of a call made before this one.
-const PreviousAttemptsMetadata = "grpc-previous-rpc-attempts"
 
 // UnaryClientInterceptor sends the attempt number of the call's context
 // (guard.AttemptFromContext) with every unary call.
@@ -45,5 +43,5 @@ func withPreviousAttempts(ctx context.Context) context.Context {
 	if attempt <= 1 {
 		return ctx
 	}
-	return metadata.AppendToOutgoingContext(ctx, PreviousAttemptsMetadata, strconv.Itoa(attempt-1))
+	return metadata.AppendToOutgoingContext(ctx, wire.PreviousAttemptsMetadata, strconv.Itoa(attempt-1))
 }

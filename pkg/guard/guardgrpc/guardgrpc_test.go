@@ -16,12 +16,6 @@ import (
 	"github.com/spillway-dev/spillway/pkg/shed"
 )
 
-func TestMetadataKeyMatchesTheMiddleware(t *testing.T) {
-	if guardgrpc.PreviousAttemptsMetadata != shed.PreviousAttemptsMetadata {
-		t.Fatalf("%q != %q", guardgrpc.PreviousAttemptsMetadata, shed.PreviousAttemptsMetadata)
-	}
-}
-
 // A gRPC service behind pkg/shed counts the worker's attempts as the worker
 // library numbered them.
 func TestAttemptsReachTheService(t *testing.T) {
