@@ -207,21 +207,28 @@ func fakeApt(t *testing.T, fail bool) []string {
 	for _, name := range []string{"redis-server", "redis-cli"} {
 		executable(t, filepath.Join(bin, name))
 	}
-	install := `cp "$0" "$(dirname "$0")/redis-sentinel"; echo "Setting up redis-sentinel"`
+	writeFakeApt(t, bin, "redis-sentinel", fail)
+	return onlyPath(t, bin)
+}
+
+// writeFakeApt writes quietTools to bin, and an apt-get that prints apt's
+// noise and, when asked to install anything, installs a stand-in for the
+// program pkg (or fails to find package pkg, when fail is set).
+func writeFakeApt(t *testing.T, bin, pkg string, fail bool) {
+	t.Helper()
+	install := `cp "$0" "$(dirname "$0")/` + pkg + `"; echo "Setting up ` + pkg + `"`
 	if fail {
-		install = `echo "E: Unable to locate package redis-sentinel"; exit 100`
+		install = `echo "E: Unable to locate package ` + pkg + `"; exit 100`
 	}
-	scripts := map[string]string{
+	writeScripts(t, bin, quietTools)
+	writeScripts(t, bin, map[string]string{
 		"apt-get": `while [ "$1" = -o ]; do shift 2; done
 case "$1" in
 update) for i in $(seq 40); do echo "Get:$i http://deb.debian.org/debian trixie InRelease"; done ;;
 install) [ "$DEBIAN_FRONTEND" = noninteractive ] || { echo "DEBIAN_FRONTEND=$DEBIAN_FRONTEND"; exit 1; }
   echo "Reading package lists..."; ` + install + ` ;;
 esac`,
-	}
-	writeScripts(t, bin, quietTools)
-	writeScripts(t, bin, scripts)
-	return onlyPath(t, bin)
+	})
 }
 
 // onlyPath writes bin's fake tools' environment: a PATH of bin alone, so that
@@ -300,19 +307,7 @@ func fakeAptForPrometheus(t *testing.T, fail bool) []string {
 		t.Skip("/run/prometheus/prometheus.pid exists: setup-prometheus.sh would stop that service")
 	}
 	bin := t.TempDir()
-	install := `cp "$0" "$(dirname "$0")/prometheus"; echo "Setting up prometheus"`
-	if fail {
-		install = `echo "E: Unable to locate package prometheus"; exit 100`
-	}
-	writeScripts(t, bin, quietTools)
-	writeScripts(t, bin, map[string]string{
-		"apt-get": `while [ "$1" = -o ]; do shift 2; done
-case "$1" in
-update) for i in $(seq 40); do echo "Get:$i http://deb.debian.org/debian trixie InRelease"; done ;;
-install) [ "$DEBIAN_FRONTEND" = noninteractive ] || { echo "DEBIAN_FRONTEND=$DEBIAN_FRONTEND"; exit 1; }
-  echo "Reading package lists..."; ` + install + ` ;;
-esac`,
-	})
+	writeFakeApt(t, bin, "prometheus", fail)
 	return onlyPath(t, bin)
 }
 
