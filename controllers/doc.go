@@ -27,9 +27,12 @@
 //   - autoscaler.go: the two kinds of consumer (ScaledObject, HPA) behind
 //     one small interface, and the refusal of an HPA KEDA owns.
 //   - binding.go: pure planning of what Spillway writes to an autoscaler
-//     (planBinding, planRelease, the patches, Bounds, DesiredReplicas), with
-//     managedfields.go reading server-side apply's bookkeeping; consumers.go
+//     (planBinding, planRelease, the patches, Bounds, DesiredReplicas) in
+//     Replicas (replicas.go), with managedfields.go reading server-side
+//     apply's bookkeeping; consumers.go
 //     does the I/O (reads, applies, lets go), scale.go reads scale targets.
+//   - signals.go and prometheus.go: the Prometheus signal (the Signals store
+//     and the querier); limitedby.go the bounds of a fleet without the library.
 //   - options.go: Options and their defaults; metrics.go: the metrics.
 package controllers
 

@@ -206,7 +206,7 @@ func TestRedisDown(t *testing.T) {
 	g.Eventually(w.stateLimit()).Should(Equal("Closed/40"))
 	w.report(g, minCalls, protocol.Failure)
 	g.Eventually(w.stateLimit()).Should(Equal("Open/0"))
-	g.Eventually(func(g Gomega) spillwayv1alpha1.BreakerState {
+	g.Eventually(func(g Gomega) spillwayv1alpha1.DependencyState {
 		return getPolicy(g, ns, "payments").Status.State
 	}).Should(Equal(spillwayv1alpha1.StateOpen))
 	epoch := w.published(g).Epoch

@@ -142,9 +142,9 @@ func statusInterval(pol *spillwayv1alpha1.DependencyPolicy, interval time.Durati
 // the fleet's state (wire.State, as Redis and the control law hold it) and the
 // status field's CRD type; their strings are the same, which
 // TestAPIStatesAreWireStates pins.
-func apiState(s wire.State) spillwayv1alpha1.BreakerState { return spillwayv1alpha1.BreakerState(s) }
+func apiState(s wire.State) spillwayv1alpha1.DependencyState { return spillwayv1alpha1.DependencyState(s) }
 
-func wireState(s spillwayv1alpha1.BreakerState) wire.State { return wire.State(s) }
+func wireState(s spillwayv1alpha1.DependencyState) wire.State { return wire.State(s) }
 
 // setPublishedStatus records a publication and its window in st, at the
 // seconds' precision status is stored with.

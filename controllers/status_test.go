@@ -107,7 +107,7 @@ func TestInvalidSpecStallsInASafeState(t *testing.T) {
 	g.Eventually(conditionOf(ns, "legacy", ConditionReady)).Should(Equal("False/InvalidSpec"))
 	g.Eventually(func(g Gomega) int64 { return getPolicy(g, ns, "legacy").Status.ObservedGeneration }).Should(Equal(pol.Generation))
 	g.Eventually(w.stateLimit()).Should(Equal("Closed/40"), "not frozen Open")
-	g.Eventually(func(g Gomega) spillwayv1alpha1.BreakerState {
+	g.Eventually(func(g Gomega) spillwayv1alpha1.DependencyState {
 		return getPolicy(g, ns, "legacy").Status.State
 	}).Should(Equal(spillwayv1alpha1.StateClosed))
 	g.Expect(w.admitted(g)).To(BeTrue())
@@ -319,7 +319,7 @@ func TestStatusDue(t *testing.T) {
 func TestAPIStatesAreWireStates(t *testing.T) {
 	g := NewWithT(t)
 	pairs := []struct {
-		api  spillwayv1alpha1.BreakerState
+		api  spillwayv1alpha1.DependencyState
 		wire wire.State
 	}{
 		{spillwayv1alpha1.StateClosed, wire.Closed},

@@ -366,20 +366,22 @@ type Consumer struct {
 	LimitedBy LimitedBy `json:"limitedBy,omitempty"`
 }
 
-// BreakerState is the fleet's state for one dependency, as the controller
-// decides it and workers enforce it.
+// DependencyState is the fleet's state for one dependency, as the controller
+// decides it and workers enforce it: the breaker's three states, and Ramping,
+// a Closed breaker whose slow start is not done (not a breaker state, hence
+// the name). The Go side of the wire is pkg/wire.State, with the same strings.
 // +kubebuilder:validation:Enum=Closed;Open;HalfOpen;Ramping
-type BreakerState string
+type DependencyState string
 
 const (
 	// StateClosed admits calls up to the full capacity.
-	StateClosed BreakerState = "Closed"
+	StateClosed DependencyState = "Closed"
 	// StateOpen admits no calls: workers fail fast.
-	StateOpen BreakerState = "Open"
+	StateOpen DependencyState = "Open"
 	// StateHalfOpen admits only breaker.halfOpenProbes probe calls.
-	StateHalfOpen BreakerState = "HalfOpen"
+	StateHalfOpen DependencyState = "HalfOpen"
 	// StateRamping admits calls up to the current ramp step.
-	StateRamping BreakerState = "Ramping"
+	StateRamping DependencyState = "Ramping"
 )
 
 // ObservedWindow is what the workers reported over the breaker window.
@@ -414,7 +416,7 @@ type DependencyPolicyStatus struct {
 
 	// state is Closed, Open, HalfOpen or Ramping.
 	// +optional
-	State BreakerState `json:"state,omitempty"`
+	State DependencyState `json:"state,omitempty"`
 
 	// currentLimit is the fleet-wide concurrency limit in force: 0 while Open,
 	// breaker.halfOpenProbes while HalfOpen, the current step while Ramping and
