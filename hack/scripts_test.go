@@ -5,6 +5,7 @@ package hack
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -206,21 +207,28 @@ func fakeApt(t *testing.T, fail bool) []string {
 	for _, name := range []string{"redis-server", "redis-cli"} {
 		executable(t, filepath.Join(bin, name))
 	}
-	install := `cp "$0" "$(dirname "$0")/redis-sentinel"; echo "Setting up redis-sentinel"`
+	writeFakeApt(t, bin, "redis-sentinel", fail)
+	return onlyPath(t, bin)
+}
+
+// writeFakeApt writes quietTools to bin, and an apt-get that prints apt's
+// noise and, when asked to install anything, installs a stand-in for the
+// program pkg (or fails to find package pkg, when fail is set).
+func writeFakeApt(t *testing.T, bin, pkg string, fail bool) {
+	t.Helper()
+	install := `cp "$0" "$(dirname "$0")/` + pkg + `"; echo "Setting up ` + pkg + `"`
 	if fail {
-		install = `echo "E: Unable to locate package redis-sentinel"; exit 100`
+		install = `echo "E: Unable to locate package ` + pkg + `"; exit 100`
 	}
-	scripts := map[string]string{
+	writeScripts(t, bin, quietTools)
+	writeScripts(t, bin, map[string]string{
 		"apt-get": `while [ "$1" = -o ]; do shift 2; done
 case "$1" in
 update) for i in $(seq 40); do echo "Get:$i http://deb.debian.org/debian trixie InRelease"; done ;;
 install) [ "$DEBIAN_FRONTEND" = noninteractive ] || { echo "DEBIAN_FRONTEND=$DEBIAN_FRONTEND"; exit 1; }
   echo "Reading package lists..."; ` + install + ` ;;
 esac`,
-	}
-	writeScripts(t, bin, quietTools)
-	writeScripts(t, bin, scripts)
-	return onlyPath(t, bin)
+	})
 }
 
 // onlyPath writes bin's fake tools' environment: a PATH of bin alone, so that
@@ -258,31 +266,6 @@ var quietTools = map[string]string{
 	"systemctl": `exit 0`,
 }
 
-func TestSetupRedisInstallsQuietly(t *testing.T) {
-	code, out, errOut := script(t, fakeApt(t, false), "./setup-redis.sh")
-	want := regexp.MustCompile(`^updating Debian's package lists\.\.\. done in \d+s\ninstalling Debian's redis-sentinel package\(s\)\.\.\. done in \d+s\n$`)
-	if code != 0 || out != "" || !want.MatchString(errOut) {
-		t.Errorf("exit %d, stdout %q, stderr %q; want one line per apt step", code, out, errOut)
-	}
-}
-
-func TestSetupRedisShowsAptsErrorWhenItFails(t *testing.T) {
-	code, _, errOut := script(t, fakeApt(t, true), "./setup-redis.sh")
-	// Only the sentinel is missing: the tests fall back to redis-server --sentinel.
-	if code != 0 {
-		t.Errorf("exit %d, want 0 when only redis-sentinel is missing", code)
-	}
-	for _, want := range []string{
-		"installing Debian's redis-sentinel package(s)... failed after ",
-		"Reading package lists...\nE: Unable to locate package redis-sentinel\n",
-		"setup-redis: apt-get install redis-sentinel failed; redis-sentinel not installed, the tests run redis-server --sentinel instead\n",
-	} {
-		if !strings.Contains(errOut, want) {
-			t.Errorf("stderr does not contain %q:\n%s", want, errOut)
-		}
-	}
-}
-
 // fakeAptForPython is a PATH and a python3 (SPILLWAY_PYTHON) that has every
 // module the Python client's tests need but celery; apt-get prints apt's noise
 // and installs python3-celery only once its index has been refreshed (or
@@ -316,30 +299,6 @@ esac`,
 	return append(onlyPath(t, bin), "SPILLWAY_PYTHON="+python)
 }
 
-func TestSetupPythonInstallsQuietly(t *testing.T) {
-	code, out, errOut := script(t, fakeAptForPython(t, false), "./setup-python.sh")
-	want := regexp.MustCompile(`^installing Debian's python3-celery package\(s\)\.\.\. done in \d+s\n$`)
-	if code != 0 || out != "" || !want.MatchString(errOut) {
-		t.Errorf("exit %d, stdout %q, stderr %q; want one line for the install", code, out, errOut)
-	}
-}
-
-func TestSetupPythonShowsAptsErrorWhenItFails(t *testing.T) {
-	code, _, errOut := script(t, fakeAptForPython(t, true), "./setup-python.sh")
-	if code == 0 {
-		t.Errorf("exit 0, want a failure when python3-celery cannot be installed")
-	}
-	for _, want := range []string{
-		"installing Debian's python3-celery package(s)... failed after ",
-		"Get:40 http://deb.debian.org/debian trixie InRelease\nReading package lists...\nE: Unable to locate package python3-celery\n",
-		"setup-python: apt-get install python3-celery failed\n",
-	} {
-		if !strings.Contains(errOut, want) {
-			t.Errorf("stderr does not contain %q:\n%s", want, errOut)
-		}
-	}
-}
-
 // fakeAptForPrometheus is a PATH on which apt-get prints apt's noise and
 // installs a stand-in prometheus (or fails, when fail is set).
 func fakeAptForPrometheus(t *testing.T, fail bool) []string {
@@ -348,42 +307,148 @@ func fakeAptForPrometheus(t *testing.T, fail bool) []string {
 		t.Skip("/run/prometheus/prometheus.pid exists: setup-prometheus.sh would stop that service")
 	}
 	bin := t.TempDir()
-	install := `cp "$0" "$(dirname "$0")/prometheus"; echo "Setting up prometheus"`
-	if fail {
-		install = `echo "E: Unable to locate package prometheus"; exit 100`
-	}
-	writeScripts(t, bin, quietTools)
-	writeScripts(t, bin, map[string]string{
-		"apt-get": `while [ "$1" = -o ]; do shift 2; done
-case "$1" in
-update) for i in $(seq 40); do echo "Get:$i http://deb.debian.org/debian trixie InRelease"; done ;;
-install) [ "$DEBIAN_FRONTEND" = noninteractive ] || { echo "DEBIAN_FRONTEND=$DEBIAN_FRONTEND"; exit 1; }
-  echo "Reading package lists..."; ` + install + ` ;;
-esac`,
-	})
+	writeFakeApt(t, bin, "prometheus", fail)
 	return onlyPath(t, bin)
 }
 
-func TestSetupPrometheusInstallsQuietly(t *testing.T) {
-	code, out, errOut := script(t, fakeAptForPrometheus(t, false), "./setup-prometheus.sh")
-	want := regexp.MustCompile(`^installing Debian's prometheus package\.\.\. done in \d+s\n$`)
-	if code != 0 || out != "" || !want.MatchString(errOut) {
-		t.Errorf("exit %d, stdout %q, stderr %q; want one line for the install", code, out, errOut)
+// aptScripts are the setup scripts that install Debian packages, each with
+// the fake tools it is tested with (fail makes apt-get fail to install).
+var aptScripts = []struct {
+	name string
+	fake func(t *testing.T, fail bool) []string
+}{
+	{"./setup-redis.sh", fakeApt},
+	{"./setup-python.sh", fakeAptForPython},
+	{"./setup-prometheus.sh", fakeAptForPrometheus},
+}
+
+// setTool replaces the fake tool name on the PATH of env (a PATH of one
+// directory, from onlyPath) with a shell script of body, or removes it when
+// body is empty.
+func setTool(t *testing.T, env []string, name, body string) {
+	t.Helper()
+	bin, ok := strings.CutPrefix(env[0], "PATH=")
+	if !ok || strings.Contains(bin, string(os.PathListSeparator)) {
+		t.Fatalf("env[0] = %q, want a PATH of one directory", env[0])
+	}
+	if err := os.Remove(filepath.Join(bin, name)); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if body != "" {
+		writeScripts(t, bin, map[string]string{name: body})
 	}
 }
 
-func TestSetupPrometheusShowsAptsErrorWhenItFails(t *testing.T) {
-	code, _, errOut := script(t, fakeAptForPrometheus(t, true), "./setup-prometheus.sh")
-	if code == 0 {
-		t.Errorf("exit 0, want a failure when prometheus cannot be installed")
+func TestSetupScriptsInstallQuietly(t *testing.T) {
+	want := map[string]*regexp.Regexp{
+		"./setup-redis.sh":      regexp.MustCompile(`^updating Debian's package lists\.\.\. done in \d+s\ninstalling Debian's redis-sentinel package\(s\)\.\.\. done in \d+s\n$`),
+		"./setup-python.sh":     regexp.MustCompile(`^installing Debian's python3-celery package\(s\)\.\.\. done in \d+s\n$`),
+		"./setup-prometheus.sh": regexp.MustCompile(`^installing Debian's prometheus package\.\.\. done in \d+s\n$`),
 	}
-	for _, want := range []string{
-		"installing Debian's prometheus package... failed after ",
-		"Reading package lists...\nE: Unable to locate package prometheus\n",
-		"setup-prometheus: apt-get install prometheus failed\n",
-	} {
-		if !strings.Contains(errOut, want) {
-			t.Errorf("stderr does not contain %q:\n%s", want, errOut)
+	for _, s := range aptScripts {
+		for _, root := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/root=%t", s.name, root), func(t *testing.T) {
+				env := s.fake(t, false)
+				if !root {
+					// apt-get then runs through the fake sudo, which drops
+					// DEBIAN_FRONTEND as the real one does.
+					setTool(t, env, "id", `echo 1000`)
+				}
+				code, out, errOut := script(t, env, s.name)
+				if code != 0 || out != "" || !want[s.name].MatchString(errOut) {
+					t.Errorf("exit %d, stdout %q, stderr %q; want one line per apt step", code, out, errOut)
+				}
+			})
+		}
+	}
+}
+
+func TestSetupScriptsShowAptsErrorWhenItFails(t *testing.T) {
+	tests := map[string]struct {
+		exit int
+		want []string
+	}{
+		// Only the sentinel is missing: the tests fall back to redis-server --sentinel.
+		"./setup-redis.sh": {0, []string{
+			"installing Debian's redis-sentinel package(s)... failed after ",
+			"Reading package lists...\nE: Unable to locate package redis-sentinel\n",
+			"setup-redis: apt-get install redis-sentinel failed; redis-sentinel not installed, the tests run redis-server --sentinel instead\n",
+		}},
+		"./setup-python.sh": {1, []string{
+			"installing Debian's python3-celery package(s)... failed after ",
+			"Get:40 http://deb.debian.org/debian trixie InRelease\nReading package lists...\nE: Unable to locate package python3-celery\n",
+			"setup-python: apt-get install python3-celery failed\n",
+		}},
+		"./setup-prometheus.sh": {1, []string{
+			"installing Debian's prometheus package... failed after ",
+			"Reading package lists...\nE: Unable to locate package prometheus\n",
+			"setup-prometheus: apt-get install prometheus failed\n",
+		}},
+	}
+	for _, s := range aptScripts {
+		t.Run(s.name, func(t *testing.T) {
+			code, _, errOut := script(t, s.fake(t, true), s.name)
+			tc := tests[s.name]
+			if code != tc.exit {
+				t.Errorf("exit %d, want %d", code, tc.exit)
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(errOut, want) {
+					t.Errorf("stderr does not contain %q:\n%s", want, errOut)
+				}
+			}
+		})
+	}
+}
+
+// TestSetupScriptsSayWhatToDoWithoutApt checks each script's messages when
+// it cannot run apt-get: no apt-get, or not root and sudo missing or failing.
+// Redis only lacks redis-sentinel there, which the tests do without.
+func TestSetupScriptsSayWhatToDoWithoutApt(t *testing.T) {
+	const noSentinel = "; redis-sentinel not installed, the tests run redis-server --sentinel instead\n"
+	tests := []struct {
+		what  string
+		tools map[string]string // fake tools replaced ("" removes one)
+		want  map[string]string // script: its message
+	}{
+		{"no apt-get", map[string]string{"apt-get": ""}, map[string]string{
+			"./setup-redis.sh":      "setup-redis: apt-get not found: install redis-server (7 or newer) and redis-sentinel with your package manager" + noSentinel,
+			"./setup-python.sh":     "setup-python: apt-get not found: install python3-celery (or their equivalents for PYTHON) by hand\n",
+			"./setup-prometheus.sh": "setup-prometheus: apt-get not found: install a prometheus server (2.x) with your package manager, or set PROMETHEUS to its binary\n",
+		}},
+		{"no sudo", map[string]string{"id": "echo 1000", "sudo": ""}, map[string]string{
+			"./setup-redis.sh":      "setup-redis: not root and sudo is not installed: install the redis-sentinel package(s) by hand" + noSentinel,
+			"./setup-python.sh":     "setup-python: not root and sudo is not installed: install python3-celery by hand\n",
+			"./setup-prometheus.sh": "setup-prometheus: not root and sudo is not installed: install the prometheus package by hand, or set PROMETHEUS to a prometheus binary\n",
+		}},
+		{"sudo fails", map[string]string{"id": "echo 1000", "sudo": "echo 'sudo: a password is required' >&2; exit 1"}, map[string]string{
+			"./setup-redis.sh":      "sudo: a password is required\nsetup-redis: sudo failed: install the redis-sentinel package(s) by hand" + noSentinel,
+			"./setup-python.sh":     "sudo: a password is required\nsetup-python: sudo failed: install python3-celery by hand\n",
+			"./setup-prometheus.sh": "sudo: a password is required\nsetup-prometheus: sudo failed: install the prometheus package by hand, or set PROMETHEUS to a prometheus binary\n",
+		}},
+	}
+	for _, tc := range tests {
+		for _, s := range aptScripts {
+			t.Run(tc.what+"/"+s.name, func(t *testing.T) {
+				env := s.fake(t, false)
+				for name, body := range tc.tools {
+					setTool(t, env, name, body)
+				}
+				want := tc.want[s.name]
+				for _, v := range env {
+					if python, ok := strings.CutPrefix(v, "SPILLWAY_PYTHON="); ok && python != "" {
+						want = strings.ReplaceAll(want, "PYTHON", python)
+					}
+				}
+				wantExit := 1
+				if s.name == "./setup-redis.sh" {
+					wantExit = 0
+				}
+				code, out, errOut := script(t, env, s.name)
+				if code != wantExit || out != "" || errOut != want {
+					t.Errorf("exit %d, stdout %q, stderr %q; want exit %d and stderr %q", code, out, errOut, wantExit, want)
+				}
+			})
 		}
 	}
 }

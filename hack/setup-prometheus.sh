@@ -13,6 +13,8 @@ set -euo pipefail
 log() { printf 'setup-prometheus: %s\n' "$*" >&2; }
 # shellcheck source=hack/step.sh
 source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 if [ -n "${PROMETHEUS:-}" ] && [ -x "${PROMETHEUS}" ]; then
   exit 0
@@ -21,33 +23,10 @@ if command -v prometheus >/dev/null 2>&1; then
   exit 0
 fi
 
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then
-    SUDO=(sudo)
-  else
-    log "not root and sudo is not installed: install the prometheus package by hand, or set PROMETHEUS to a prometheus binary"
-    exit 1
-  fi
-fi
-if ! command -v apt-get >/dev/null 2>&1; then
-  log "apt-get not found: install a prometheus server (2.x) with your package manager, or set PROMETHEUS to its binary"
-  exit 1
-fi
-if [ "${#SUDO[@]}" -gt 0 ]; then
-  # Ask for the password, if sudo wants one, before the quiet step below.
-  "${SUDO[@]}" -v || { log "sudo failed: install the prometheus package by hand"; exit 1; }
-fi
-
-# sudo drops the environment: pass DEBIAN_FRONTEND through env. Wait for
-# another apt (setup-redis.sh, setup-python.sh) to release its lock.
-apt=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120)
-install() {
-  "$@" update
-  "$@" install -y --no-install-recommends prometheus
-}
-export -f install
-step "installing Debian's prometheus package" install "${apt[@]}" || { log "apt-get install prometheus failed"; exit 1; }
+fail() { log "$1"; exit 1; }
+apt_init fail "install the prometheus package by hand, or set PROMETHEUS to a prometheus binary" \
+  "install a prometheus server (2.x) with your package manager, or set PROMETHEUS to its binary"
+apt_install_step "installing Debian's prometheus package" first prometheus || fail "apt-get install prometheus failed"
 
 # The post-install script may start the system service on port 9090. The
 # tests never use it, so stop it, and keep it from coming back at boot.

@@ -19,6 +19,8 @@ set -euo pipefail
 log() { printf 'setup-python: %s\n' "$*" >&2; }
 # shellcheck source=hack/step.sh
 source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 PYTHON="${SPILLWAY_PYTHON:-/usr/bin/python3}"
 declare -A modules=(
@@ -46,39 +48,11 @@ if [ "${#packages[@]}" -eq 0 ]; then
   exit 0
 fi
 
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then
-    SUDO=(sudo)
-  else
-    log "not root and sudo is not installed: install ${packages[*]} by hand"
-    exit 1
-  fi
-fi
-if ! command -v apt-get >/dev/null 2>&1; then
-  log "apt-get not found: install ${packages[*]} (or their equivalents for ${PYTHON}) by hand"
-  exit 1
-fi
-
-if [ "${#SUDO[@]}" -gt 0 ]; then
-  # Ask for the password, if sudo wants one, before the quiet step below.
-  "${SUDO[@]}" -v || { log "sudo failed: install ${packages[*]} by hand"; exit 1; }
-fi
-
-# sudo drops the environment: pass DEBIAN_FRONTEND through env. Wait for
-# another apt (setup-redis.sh, setup-prometheus.sh) to release its lock. The
-# index is refreshed only when an install from the current one fails.
-apt=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120)
-# install N PACKAGE... APT-GET-COMMAND...
-install() {
-  local packages=("${@:2:$1}")
-  shift "$(($1 + 1))"
-  "$@" install -y --no-install-recommends "${packages[@]}" ||
-    { "$@" update && "$@" install -y --no-install-recommends "${packages[@]}"; }
-}
-export -f install
-step "installing Debian's ${packages[*]} package(s)" install "${#packages[@]}" "${packages[@]}" "${apt[@]}" ||
-  { log "apt-get install ${packages[*]} failed"; exit 1; }
+# The index is refreshed only when an install from the current one fails.
+fail() { log "$1"; exit 1; }
+apt_init fail "install ${packages[*]} by hand" "install ${packages[*]} (or their equivalents for ${PYTHON}) by hand"
+apt_install_step "installing Debian's ${packages[*]} package(s)" on-failure "${packages[@]}" ||
+  fail "apt-get install ${packages[*]} failed"
 
 for module in "${!modules[@]}"; do
   "${PYTHON}" -c "import ${module}" >/dev/null 2>&1 || { log "${PYTHON} still cannot import ${module}"; exit 1; }

@@ -18,6 +18,8 @@ set -euo pipefail
 log() { printf 'setup-redis: %s\n' "$*" >&2; }
 # shellcheck source=hack/step.sh
 source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 packages=()
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
@@ -43,27 +45,8 @@ cannot() {
   exit 1
 }
 
-# Run as root directly, or through sudo when it is available.
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then
-    SUDO=(sudo)
-  else
-    cannot "not root and sudo is not installed: install the ${packages[*]} package(s) by hand"
-  fi
-fi
-
-if ! command -v apt-get >/dev/null 2>&1; then
-  cannot "apt-get not found: install redis-server (7 or newer) and redis-sentinel with your package manager"
-fi
-
-if [ "${#SUDO[@]}" -gt 0 ]; then
-  # Ask for the password, if sudo wants one, before the quiet steps below.
-  "${SUDO[@]}" -v || cannot "sudo failed: install the ${packages[*]} package(s) by hand"
-fi
-# sudo drops the environment: pass DEBIAN_FRONTEND through env. Wait for
-# another apt (unattended-upgrades, setup-python.sh) to release its lock.
-apt=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120)
+apt_init cannot "install the ${packages[*]} package(s) by hand" \
+  "install redis-server (7 or newer) and redis-sentinel with your package manager"
 step "updating Debian's package lists" "${apt[@]}" update || cannot "apt-get update failed"
 step "installing Debian's ${packages[*]} package(s)" \
   "${apt[@]}" install -y --no-install-recommends "${packages[@]}" || cannot "apt-get install ${packages[*]} failed"

@@ -17,21 +17,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/spillway-dev/spillway/internal/proctest"
 )
 
 // ScrapeInterval is how often the server scrapes its targets.
@@ -49,8 +48,7 @@ type Server struct {
 	port    int
 
 	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
+	proc   *proctest.Proc // nil while stopped
 	closed bool
 }
 
@@ -66,7 +64,7 @@ func Start(tb testing.TB, targets ...string) *Server {
 	}
 	tb.Cleanup(func() {
 		if tb.Failed() {
-			tb.Logf("promtest: last lines of the log of prometheus %s:\n%s", s.URL(), tail(s.logPath, 30))
+			tb.Logf("promtest: last lines of the log of prometheus %s:\n%s", s.URL(), proctest.Tail(s.logPath, 30))
 		}
 		if err := s.Close(); err != nil {
 			tb.Errorf("promtest: %v", err)
@@ -150,7 +148,7 @@ func (s *Server) Close() error {
 var errPortTaken = errors.New("port already in use")
 
 func (s *Server) start(bin string) error {
-	port, err := freePort()
+	port, err := proctest.FreePort()
 	if err != nil {
 		return err
 	}
@@ -159,48 +157,35 @@ func (s *Server) start(bin string) error {
 		return fmt.Errorf("open prometheus log: %w", err)
 	}
 	defer logFile.Close()
-	cmd := exec.Command(bin,
-		"--config.file="+filepath.Join(s.dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(s.dir, "data"),
-		"--web.listen-address=127.0.0.1:"+strconv.Itoa(port),
+	proc, err := proctest.Start(bin, []string{
+		"--config.file=" + filepath.Join(s.dir, "prometheus.yml"),
+		"--storage.tsdb.path=" + filepath.Join(s.dir, "data"),
+		"--web.listen-address=127.0.0.1:" + strconv.Itoa(port),
 		"--log.level=warn",
-	)
-	cmd.Dir = s.dir
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", bin, err)
+	}, s.dir, logFile)
+	if err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	go func() {
-		cmd.Wait() // the log explains failures
-		close(exited)
-	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.cmd, s.exited, s.port = cmd, exited, port
-	if err := waitReady(s.URL(), exited); err != nil {
+	s.proc, s.port = proc, port
+	if err := waitReady(s.URL(), proc.Exited()); err != nil {
 		s.stop()
-		if strings.Contains(tail(s.logPath, 20), "address already in use") {
+		if strings.Contains(proctest.Tail(s.logPath, 20), "address already in use") {
 			return fmt.Errorf("prometheus on port %d: %w", port, errPortTaken)
 		}
-		return fmt.Errorf("prometheus on port %d did not start: %w\nend of its log:\n%s", port, err, tail(s.logPath, 20))
+		return fmt.Errorf("prometheus on port %d did not start: %w\nend of its log:\n%s", port, err, proctest.Tail(s.logPath, 20))
 	}
 	return nil
 }
 
 // stop kills the process group and waits for it to exit. s.mu must be held.
 func (s *Server) stop() {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	select {
-	case <-s.exited:
-	default:
-		syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-		<-s.exited
-	}
-	s.cmd, s.exited = nil, nil
+	s.proc.Kill()
+	s.proc = nil
 }
 
 // waitReady polls url's /-/ready until it answers 200, the process exits or
@@ -233,41 +218,7 @@ func waitReady(url string, exited <-chan struct{}) error {
 // lookupBinary finds prometheus: $PROMETHEUS, then PATH, then
 // /usr/bin/prometheus.
 func lookupBinary() (string, error) {
-	if bin := os.Getenv("PROMETHEUS"); bin != "" {
-		if _, err := os.Stat(bin); err != nil {
-			return "", fmt.Errorf("PROMETHEUS=%s: %w", bin, err)
-		}
-		return bin, nil
-	}
-	if bin, err := exec.LookPath("prometheus"); err == nil {
-		return bin, nil
-	}
-	const fallback = "/usr/bin/prometheus"
-	if _, err := os.Stat(fallback); err == nil {
-		return fallback, nil
-	}
-	return "", errors.New("prometheus not found in $PROMETHEUS, on PATH or at " + fallback + ": " + setupHint)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(cannot read %s: %v)", path, err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return proctest.LookPath("prometheus", "PROMETHEUS", setupHint)
 }
 
 // Metric names the Dependency target exposes.

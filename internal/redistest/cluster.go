@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/proctest"
 )
 
 const (
@@ -70,7 +72,7 @@ func StartCluster(tb testing.TB, masters int, opts ...Option) *Cluster {
 	tb.Cleanup(func() {
 		if tb.Failed() {
 			for _, n := range c.nodes {
-				tb.Logf("redistest: last lines of the log of cluster node %s:\n%s", n.Addr(), tail(n.logPath, 30))
+				tb.Logf("redistest: last lines of the log of cluster node %s:\n%s", n.Addr(), proctest.Tail(n.logPath, 30))
 			}
 		}
 		if err := c.Close(); err != nil {

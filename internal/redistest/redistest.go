@@ -15,13 +15,10 @@
 package redistest
 
 import (
-	"errors"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/spillway-dev/spillway/internal/proctest"
 )
 
 // startTimeout bounds how long a server may take to answer its first PING.
@@ -69,45 +66,7 @@ func newConfig(opts []Option) (config, error) {
 // lookupBinary finds redis-server: $REDIS_SERVER, then PATH, then
 // /usr/bin/redis-server.
 func lookupBinary() (string, error) {
-	if bin := os.Getenv("REDIS_SERVER"); bin != "" {
-		if _, err := os.Stat(bin); err != nil {
-			return "", fmt.Errorf("REDIS_SERVER=%s: %w", bin, err)
-		}
-		return bin, nil
-	}
-	if bin, err := exec.LookPath("redis-server"); err == nil {
-		return bin, nil
-	}
-	const fallback = "/usr/bin/redis-server"
-	if _, err := os.Stat(fallback); err == nil {
-		return fallback, nil
-	}
-	return "", errors.New("redis-server not found in $REDIS_SERVER, on PATH or at " + fallback + ": " + setupHint)
-}
-
-// freePort asks the kernel for a free loopback port. Another process may
-// take it before redis-server binds it; callers retry when that happens.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// tail returns the last n lines of the file at path, or a note saying why
-// it cannot.
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(cannot read %s: %v)", path, err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return proctest.LookPath("redis-server", "REDIS_SERVER", setupHint)
 }
 
 // infoField returns the value of key in the "key:value" lines that INFO and

@@ -11,11 +11,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/proctest"
 )
 
 const (
@@ -110,10 +111,10 @@ func StartSentinel(tb testing.TB, opts ...Option) *Sentinel {
 	tb.Cleanup(func() {
 		if tb.Failed() {
 			for _, n := range s.servers {
-				tb.Logf("redistest: last lines of the log of redis-server %s:\n%s", n.Addr(), tail(n.logPath, 30))
+				tb.Logf("redistest: last lines of the log of redis-server %s:\n%s", n.Addr(), proctest.Tail(n.logPath, 30))
 			}
 			for _, p := range s.sentinels {
-				tb.Logf("redistest: last lines of the log of sentinel %s:\n%s", p.addr(), tail(p.logPath, 30))
+				tb.Logf("redistest: last lines of the log of sentinel %s:\n%s", p.addr(), proctest.Tail(p.logPath, 30))
 			}
 		}
 		if err := s.Close(); err != nil {
@@ -290,8 +291,7 @@ func (s *Sentinel) monitoring(ctx context.Context) error {
 type sentinelProc struct {
 	dir, logPath string
 	port         int
-	cmd          *exec.Cmd
-	exited       chan struct{}
+	proc         *proctest.Proc
 }
 
 func (p *sentinelProc) addr() string { return "127.0.0.1:" + strconv.Itoa(p.port) }
@@ -323,7 +323,7 @@ func (p *sentinelProc) masterAddr(ctx context.Context) (string, error) {
 }
 
 func (p *sentinelProc) close() error {
-	p.kill()
+	p.proc.Kill()
 	if err := os.RemoveAll(p.dir); err != nil {
 		return fmt.Errorf("remove sentinel dir: %w", err)
 	}
@@ -358,7 +358,7 @@ func startSentinel(bin string, sentinelFlag bool, master string) (*sentinelProc,
 	}
 	const attempts = 5
 	for i := 1; ; i++ {
-		port, err := freePort()
+		port, err := proctest.FreePort()
 		var p *sentinelProc
 		if err == nil {
 			p, err = runSentinel(bin, sentinelFlag, dir, port, master)
@@ -406,41 +406,23 @@ func runSentinel(bin string, sentinelFlag bool, dir string, port int, master str
 	if sentinelFlag {
 		args = append(args, "--sentinel")
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Dir = dir
 	logFile, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open sentinel log: %w", err)
 	}
 	defer logFile.Close()
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin, err)
+	p.proc, err = proctest.Start(bin, args, dir, logFile)
+	if err != nil {
+		return nil, err
 	}
-	p.cmd, p.exited = cmd, make(chan struct{})
-	go func() {
-		cmd.Wait() // the log explains failures
-		close(p.exited)
-	}()
-	if err := waitReady(p.addr(), cmd.Process.Pid, p.exited); err != nil {
-		p.kill()
-		if errors.Is(err, errPortTaken) || strings.Contains(readFrom(p.logPath, logStart), "Address already in use") {
+	if err := waitReady(p.addr(), p.proc.Pid(), p.proc.Exited()); err != nil {
+		p.proc.Kill()
+		if errors.Is(err, errPortTaken) || strings.Contains(proctest.ReadFrom(p.logPath, logStart), "Address already in use") {
 			return nil, fmt.Errorf("sentinel on port %d: %w", port, errPortTaken)
 		}
-		return nil, fmt.Errorf("sentinel on port %d did not start: %w\nend of its log:\n%s", port, err, tail(p.logPath, 20))
+		return nil, fmt.Errorf("sentinel on port %d did not start: %w\nend of its log:\n%s", port, err, proctest.Tail(p.logPath, 20))
 	}
 	return p, nil
-}
-
-// kill kills the sentinel's process group and waits for it to exit.
-func (p *sentinelProc) kill() {
-	select {
-	case <-p.exited:
-	default:
-		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.exited
-	}
 }
 
 // waitReplicaSynced waits until the replica at addr reports its link to the

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/proctest"
 )
 
 // errPortTaken reports that another process holds the port redis-server was
@@ -32,8 +33,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	port    int
-	cmd     *exec.Cmd     // nil while stopped
-	exited  chan struct{} // closed once cmd has exited and been waited for
+	proc    *proctest.Proc // nil while stopped
 	clients []*redis.Client
 	closed  bool
 }
@@ -55,7 +55,7 @@ func StartServer(opts ...Option) (*Server, error) {
 	defer s.mu.Unlock()
 	const attempts = 5
 	for i := 1; ; i++ {
-		port, err := freePort()
+		port, err := proctest.FreePort()
 		if err == nil {
 			err = s.start(port)
 		}
@@ -80,7 +80,7 @@ func Start(tb testing.TB, opts ...Option) *Server {
 	}
 	tb.Cleanup(func() {
 		if tb.Failed() {
-			tb.Logf("redistest: last lines of the log of redis-server %s:\n%s", s.Addr(), tail(s.logPath, 30))
+			tb.Logf("redistest: last lines of the log of redis-server %s:\n%s", s.Addr(), proctest.Tail(s.logPath, 30))
 		}
 		if err := s.Close(); err != nil {
 			tb.Errorf("redistest: %v", err)
@@ -177,11 +177,10 @@ func (s *Server) Close() error {
 func (s *Server) signal(sig syscall.Signal) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil {
+	if s.proc == nil {
 		return fmt.Errorf("send %v to redis-server %s: not running", sig, s.addr())
 	}
-	// The negative pid addresses the process group (see sysProcAttr).
-	if err := syscall.Kill(-s.cmd.Process.Pid, sig); err != nil {
+	if err := s.proc.Signal(sig); err != nil {
 		return fmt.Errorf("send %v to redis-server %s: %w", sig, s.addr(), err)
 	}
 	return nil
@@ -225,28 +224,20 @@ func (s *Server) start(port int) error {
 		return fmt.Errorf("open redis-server log: %w", err)
 	}
 
-	cmd := exec.Command(s.cfg.binary, s.args(port)...)
-	cmd.Dir = s.dir
 	// Errors before redis-server opens its log (bad arguments) go to the log too.
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", s.cfg.binary, err)
+	proc, err := proctest.Start(s.cfg.binary, s.args(port), s.dir, logFile)
+	if err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	go func() {
-		cmd.Wait() // the exit status is of no interest: the log explains failures
-		close(exited)
-	}()
-	s.cmd, s.exited, s.port = cmd, exited, port
+	s.proc, s.port = proc, port
 
-	if err := waitReady(s.addr(), cmd.Process.Pid, exited); err != nil {
+	if err := waitReady(s.addr(), proc.Pid(), proc.Exited()); err != nil {
 		s.stop()
-		if errors.Is(err, errPortTaken) || strings.Contains(readFrom(s.logPath, logStart), "Address already in use") {
+		if errors.Is(err, errPortTaken) || strings.Contains(proctest.ReadFrom(s.logPath, logStart), "Address already in use") {
 			return fmt.Errorf("redis-server on port %d: %w", port, errPortTaken)
 		}
 		return fmt.Errorf("redis-server on port %d did not start: %w\nend of its log:\n%s",
-			port, err, tail(s.logPath, 20))
+			port, err, proctest.Tail(s.logPath, 20))
 	}
 	return nil
 }
@@ -254,16 +245,11 @@ func (s *Server) start(port int) error {
 // stop kills the process group and waits for redis-server to exit.
 // s.mu must be held.
 func (s *Server) stop() {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	select {
-	case <-s.exited: // crashed or failed to start; nothing to kill
-	default:
-		syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL) // SIGKILL also ends a paused process
-		<-s.exited
-	}
-	s.cmd, s.exited = nil, nil
+	s.proc.Kill() // SIGKILL also ends a paused process
+	s.proc = nil
 }
 
 // waitReady polls addr until the redis-server with process id pid answers,
@@ -317,15 +303,6 @@ func processID(addr string) (int, error) {
 		return 0, err
 	}
 	return strconv.Atoi(infoField(info, "process_id"))
-}
-
-// readFrom returns the contents of the file at path from offset on.
-func readFrom(path string, offset int64) string {
-	data, err := os.ReadFile(path)
-	if err != nil || offset > int64(len(data)) {
-		return ""
-	}
-	return string(data[offset:])
 }
 
 // withHint adds the installation hint to err unless it already has it.

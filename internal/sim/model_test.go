@@ -11,6 +11,24 @@ import (
 	"github.com/spillway-dev/spillway/internal/sim"
 )
 
+// policyOf20 is inlinePolicy with a concurrency of 20, the dependency's in
+// the tests below.
+var policyOf20 = strings.Replace(inlinePolicy, "concurrency: 10", "concurrency: 20", 1)
+
+// runOne parses the scenario doc and runs it under policy p alone.
+func runOne(t *testing.T, doc string, p sim.Policy) (*sim.Scenario, sim.Result) {
+	t.Helper()
+	sc, err := sim.ParseScenario([]byte(doc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := sim.Run(sc, []sim.Policy{p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc, rep.Policies[0]
+}
+
 // TestNoCollapseAtConcurrency: a dependency that never holds more than its
 // concurrency in flight is not overloaded, whatever its call time. With a
 // call time that does not divide a second, a slot at work all the time
@@ -37,16 +55,8 @@ dependency:
   callDuration: %s
   collapse: {after: %s}
 workers: {minReplicas: 1, maxReplicas: 1, slotsPerPod: 20}
-`, tt.call, tt.after) + strings.Replace(inlinePolicy, "concurrency: 10", "concurrency: 20", 1)
-			sc, err := sim.ParseScenario([]byte(doc), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rep, err := sim.Run(sc, []sim.Policy{sim.ImmediateRetry})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := rep.Policies[0]
+`, tt.call, tt.after) + policyOf20
+			sc, r := runOne(t, doc, sim.ImmediateRetry)
 			t0 := int(sc.T0() / time.Second)
 			for k, c := range r.Series.Capacity[:t0] {
 				if c == 0 {
@@ -71,16 +81,8 @@ dependency:
   failDuration: %s
   collapse: {after: 5s}
 workers: {minReplicas: 1, maxReplicas: 1, slotsPerPod: 22}
-`, call, call) + strings.Replace(inlinePolicy, "concurrency: 10", "concurrency: 20", 1)
-			sc, err := sim.ParseScenario([]byte(doc), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rep, err := sim.Run(sc, []sim.Policy{sim.ImmediateRetry})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := rep.Policies[0]
+`, call, call) + policyOf20
+			sc, r := runOne(t, doc, sim.ImmediateRetry)
 			t0 := int(sc.T0() / time.Second)
 			for _, c := range r.Series.Capacity[:t0] {
 				if c == 0 {
@@ -222,16 +224,9 @@ dependency:
   coldStart: {factor: 0.5, duration: 5s}
   collapse: {after: 1h}
 workers: {minReplicas: 1, maxReplicas: 1, slotsPerPod: %d}
-`, call, slots) + strings.Replace(inlinePolicy, "concurrency: 10", "concurrency: 20", 1)
-	sc, err := sim.ParseScenario([]byte(doc), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := sim.Run(sc, []sim.Policy{sim.ImmediateRetry})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rep.Policies[0]
+`, call, slots) + policyOf20
+	_, r := runOne(t, doc, sim.ImmediateRetry)
+	return r
 }
 
 // TestPeakAtConcurrency: a fleet that never has more calls in flight than
