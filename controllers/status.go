@@ -142,7 +142,9 @@ func statusInterval(pol *spillwayv1alpha1.DependencyPolicy, interval time.Durati
 // the fleet's state (wire.State, as Redis and the control law hold it) and the
 // status field's CRD type; their strings are the same, which
 // TestAPIStatesAreWireStates pins.
-func apiState(s wire.State) spillwayv1alpha1.DependencyState { return spillwayv1alpha1.DependencyState(s) }
+func apiState(s wire.State) spillwayv1alpha1.DependencyState {
+	return spillwayv1alpha1.DependencyState(s)
+}
 
 func wireState(s spillwayv1alpha1.DependencyState) wire.State { return wire.State(s) }
 
