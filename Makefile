@@ -1,7 +1,8 @@
 # Spillway. Everything a fresh machine with only Go needs is built or installed
-# by the targets below: envtest binaries from the Go module proxy, redis-server
-# from Debian's packages. Each setup step prints one line ("building etcd
-# v3.6.16... done in 31s", nothing once cached) and its tools' output only when
+# by the targets below: envtest binaries from the Go module proxy; redis-server,
+# prometheus and the Python client's python3-* modules from Debian's packages.
+# Each setup step prints one line ("building etcd v3.6.16... done in 31s",
+# nothing once cached) and its tools' output only when
 # it fails; SPILLWAY_VERBOSE=1 shows that output as it comes (hack/step.sh).
 
 SHELL := /usr/bin/env bash -o pipefail
@@ -75,7 +76,7 @@ python-test: redis ## Run the Python client's tests on Debian's python3 (modules
 	/usr/bin/python3 -m pytest clients/python/tests -q
 
 .PHONY: test
-test: envtest redis modules prometheus python-test ## Run every test against a real kube-apiserver, etcd and redis-server.
+test: envtest redis modules prometheus python-test ## Run every test (Python client, then Go) against a real kube-apiserver, etcd, redis-server and Prometheus.
 	SPILLWAY_REQUIRE_PYTHON=1 go test $(TEST_FLAGS) ./...
 
 .PHONY: bench
