@@ -204,6 +204,36 @@ func (r *Ramp) Advance() bool {
 	if r.done() {
 		return false
 	}
+	r.up(now)
+	return true
+}
+
+// AdvanceEarly moves up one step before the step's hold time, for a step
+// whose own calls have proved it clean (StepBack.ProvenClean; the caller
+// judges that): only once the step has lasted at least dwell, never onto a
+// limit at or above the ceiling (whose doubled hold applies in full, see
+// Hold), and never at the last step. Like Advance the new step starts at
+// clk.Now(); it reports whether it advanced. It never clears the ceiling:
+// only a limit held clean for its whole hold time does that (Advance).
+//
+// A step entered by a step back is never advanced early: its next limit is
+// the one that failed, the ceiling.
+func (r *Ramp) AdvanceEarly(dwell time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.clk.Now()
+	if len(r.steps) == 0 || r.done() || now.Sub(r.started) < dwell {
+		return false
+	}
+	if r.ceiling > 0 && r.next() >= r.ceiling {
+		return false
+	}
+	r.up(now)
+	return true
+}
+
+// up moves to the next limit, starting at now.
+func (r *Ramp) up(now time.Time) {
 	if r.below > 0 {
 		r.below = r.next()
 		if r.below >= r.steps[0] {
@@ -214,7 +244,6 @@ func (r *Ramp) Advance() bool {
 	}
 	r.started = now
 	r.settling = false
-	return true
 }
 
 // StepBack moves down from a limit that fails: to the step below it; from the
