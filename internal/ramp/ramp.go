@@ -26,7 +26,9 @@ type Schedule struct {
 	// Steps are the limits, strictly increasing; the last one is normally
 	// the full capacity.
 	Steps []int64
-	// StepDuration is the clean time spent at each step before advancing.
+	// StepDuration is the clean time spent at each step before advancing
+	// (at most: with StepBack on, a step proven clean by its calls may
+	// advance after Settle, see Ramp.AdvanceEarly).
 	StepDuration time.Duration
 	// StepBack is the rule that holds a step that fails and steps back from
 	// it (see StepBack); the zero value is Never: a fixed schedule.
@@ -92,6 +94,8 @@ func DefaultSteps(capacity int64) []int64 {
 // backlog/(capacity - arrival rate) grows by Withheld/(capacity - arrival
 // rate) when the drain starts with this ramp. It assumes a clean climb of one
 // step per StepDuration with no restart; capacity is normally the last step.
+// With the step-back rule on, a step its calls prove clean climbs early
+// (Ramp.AdvanceEarly), so for a clean climb Withheld is an upper bound.
 func (s Schedule) Withheld(capacity int64) float64 {
 	var total float64
 	for i := 0; i+1 < len(s.Steps); i++ {
