@@ -90,7 +90,10 @@ func (c fixedClock) Now() time.Time { return time.Time(c) }
 // stays closed the ramp moves at most one step per evaluation. With the
 // ramp's step-back rule on (ramp.StepBack), the window is the current step's
 // (WindowStart) and the rule judges it: Back steps back (Ramp.StepBack),
-// Hold keeps the step, Clean lets it climb once it has lasted its hold time;
+// Hold keeps the step, Clean lets it climb once it has lasted its hold time,
+// or earlier once its own calls prove it clean (StepBack.ProvenClean) and it
+// has lasted Schedule.Settle, unless the next limit is at or above the
+// ceiling (Ramp.AdvanceEarly);
 // while the step is settling after a step back, nothing is judged and the
 // window counts for neither the rule nor the breaker. A step the rule steps
 // back from while at least MinFailures of its calls succeeded is a partial
@@ -175,7 +178,7 @@ func Plan(in Input) Output {
 				To:      publishedState(b.State(), r),
 				Message: stepBackMessage(in.Params, window, from, r),
 			})
-		case verdict == ramp.Clean && r.Advance():
+		case verdict == ramp.Clean && (r.Advance() || sb.ProvenClean(window.Calls, window.Failures) && r.AdvanceEarly(in.Params.Ramp.Settle())):
 			transitions = append(transitions, Transition{
 				Reason:  EventRampStep,
 				From:    prev.State,

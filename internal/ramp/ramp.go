@@ -26,7 +26,9 @@ type Schedule struct {
 	// Steps are the limits, strictly increasing; the last one is normally
 	// the full capacity.
 	Steps []int64
-	// StepDuration is the clean time spent at each step before advancing.
+	// StepDuration is the clean time spent at each step before advancing
+	// (at most: with StepBack on, a step proven clean by its calls may
+	// advance after Settle, see Ramp.AdvanceEarly).
 	StepDuration time.Duration
 	// StepBack is the rule that holds a step that fails and steps back from
 	// it (see StepBack); the zero value is Never: a fixed schedule.
@@ -92,6 +94,8 @@ func DefaultSteps(capacity int64) []int64 {
 // backlog/(capacity - arrival rate) grows by Withheld/(capacity - arrival
 // rate) when the drain starts with this ramp. It assumes a clean climb of one
 // step per StepDuration with no restart; capacity is normally the last step.
+// With the step-back rule on, a step its calls prove clean climbs early
+// (Ramp.AdvanceEarly), so for a clean climb Withheld is an upper bound.
 func (s Schedule) Withheld(capacity int64) float64 {
 	var total float64
 	for i := 0; i+1 < len(s.Steps); i++ {
@@ -204,6 +208,36 @@ func (r *Ramp) Advance() bool {
 	if r.done() {
 		return false
 	}
+	r.up(now)
+	return true
+}
+
+// AdvanceEarly moves up one step before the step's hold time, for a step
+// whose own calls have proved it clean (StepBack.ProvenClean; the caller
+// judges that): only once the step has lasted at least dwell, never onto a
+// limit at or above the ceiling (whose doubled hold applies in full, see
+// Hold), and never at the last step. Like Advance the new step starts at
+// clk.Now(); it reports whether it advanced. It never clears the ceiling:
+// only a limit held clean for its whole hold time does that (Advance).
+//
+// A step entered by a step back is never advanced early: its next limit is
+// the one that failed, the ceiling.
+func (r *Ramp) AdvanceEarly(dwell time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.clk.Now()
+	if len(r.steps) == 0 || r.done() || now.Sub(r.started) < dwell {
+		return false
+	}
+	if r.ceiling > 0 && r.next() >= r.ceiling {
+		return false
+	}
+	r.up(now)
+	return true
+}
+
+// up moves to the next limit, starting at now.
+func (r *Ramp) up(now time.Time) {
 	if r.below > 0 {
 		r.below = r.next()
 		if r.below >= r.steps[0] {
@@ -214,7 +248,6 @@ func (r *Ramp) Advance() bool {
 	}
 	r.started = now
 	r.settling = false
-	return true
 }
 
 // StepBack moves down from a limit that fails: to the step below it; from the

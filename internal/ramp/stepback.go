@@ -138,6 +138,33 @@ func WilsonLower(k, n int64, z float64) float64 {
 	return max(0, (center-margin)/(1+z2/nf))
 }
 
+// WilsonUpper is the upper bound of the Wilson score interval for a
+// proportion of k successes in n trials at normal quantile z; 1 when n <= 0
+// (no evidence bounds nothing).
+func WilsonUpper(k, n int64, z float64) float64 {
+	if n <= 0 {
+		return 1
+	}
+	nf := float64(n)
+	p := float64(k) / nf
+	z2 := z * z
+	center := p + z2/(2*nf)
+	margin := z * math.Sqrt(p*(1-p)/nf+z2/(4*nf*nf))
+	return min(1, (center+margin)/(1+z2/nf))
+}
+
+// ProvenClean reports whether a step's calls and failures prove it clean: the
+// Wilson upper bound (one-sided 95%, Z) of its failure ratio is below
+// FailureRatio. With no failures that takes Z²(1-r)/r calls, about 268 at
+// FailureRatio 0.01; with 1 failure about 470. A rule that is Never on proves
+// nothing (the fixed schedule climbs by time only).
+func (sb StepBack) ProvenClean(calls, failures int64) bool {
+	if !sb.On() || calls <= 0 {
+		return false
+	}
+	return WilsonUpper(min(max(failures, 0), calls), calls, Z) < sb.FailureRatio
+}
+
 // Settle is how long the outcomes of a step entered by a step back are
 // ignored: calls admitted under the higher limit, still in flight when it
 // stepped back, end during it, and must not count against the lower step. It

@@ -295,3 +295,110 @@ func TestStepBackSnapshotRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// TestWilsonUpper checks the upper bound against values computed by hand,
+// its limits, and the calls a clean step needs to be proven clean.
+func TestWilsonUpper(t *testing.T) {
+	tests := []struct {
+		k, n int64
+		z    float64
+		want float64
+	}{
+		{k: 0, n: 0, z: Z, want: 1},
+		// p = 0.5, n = 100, z = 1.96: the textbook 0.5962
+		{k: 50, n: 100, z: 1.96, want: 0.5962},
+		// k = 0: z²/(n+z²)
+		{k: 0, n: 268, z: Z, want: 0.00999},
+		{k: 1, n: 1, z: 1.96, want: 1},
+	}
+	for _, tt := range tests {
+		if got := WilsonUpper(tt.k, tt.n, tt.z); math.Abs(got-tt.want) > 5e-4 {
+			t.Errorf("WilsonUpper(%d, %d, %v) = %.4f, want %.4f", tt.k, tt.n, tt.z, got, tt.want)
+		}
+	}
+	for n := int64(1); n < 100000; n *= 3 {
+		for _, k := range []int64{0, n / 10, n / 2, n} {
+			if lo, hi := WilsonLower(k, n, Z), WilsonUpper(k, n, Z); lo > float64(k)/float64(n) || hi < float64(k)/float64(n) {
+				t.Fatalf("k=%d n=%d: [%v, %v] does not contain %v", k, n, lo, hi, float64(k)/float64(n))
+			}
+		}
+	}
+}
+
+// TestProvenClean is the early-advance evidence table: enough clean calls
+// prove a step clean; too few, a failure ratio near the rule's, or a rule
+// that is off do not.
+func TestProvenClean(t *testing.T) {
+	tests := []struct {
+		name            string
+		sb              StepBack
+		calls, failures int64
+		want            bool
+	}{
+		{name: "no calls", sb: rule, want: false},
+		{name: "267 clean calls are not enough at 1%", sb: rule, calls: 267, want: false},
+		{name: "270 clean calls are", sb: rule, calls: 270, want: true},
+		{name: "one failure needs more calls", sb: rule, calls: 300, failures: 1, want: false},
+		{name: "one failure in 500", sb: rule, calls: 500, failures: 1, want: true},
+		{name: "0.5% of 10000", sb: rule, calls: 10000, failures: 50, want: true},
+		{name: "0.9% of 10000: not proven", sb: rule, calls: 10000, failures: 90, want: false},
+		{name: "failures above the ratio", sb: rule, calls: 1000, failures: 20, want: false},
+		{name: "more failures than calls", sb: rule, calls: 1000, failures: 5000, want: false},
+		{name: "Never proves nothing", sb: StepBack{When: Never, FailureRatio: 0.01, MinFailures: 3}, calls: 100000, want: false},
+		{name: "zero rule proves nothing", calls: 100000, want: false},
+		{name: "Always", sb: StepBack{When: Always, FailureRatio: 0.01, MinFailures: 3}, calls: 270, want: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.sb.ProvenClean(tt.calls, tt.failures); got != tt.want {
+				t.Fatalf("ProvenClean(%d, %d) = %v, want %v", tt.calls, tt.failures, got, tt.want)
+			}
+			if tt.want && tt.sb.Judge(tt.calls, tt.failures) != Clean {
+				t.Fatalf("proven clean but Judge = %v", tt.sb.Judge(tt.calls, tt.failures))
+			}
+		})
+	}
+}
+
+// TestAdvanceEarly is the early-advance table: each condition that refuses
+// it, and the move it makes.
+func TestAdvanceEarly(t *testing.T) {
+	const dwell = 10 * time.Second
+	tests := []struct {
+		name      string
+		snap      Snapshot
+		after     time.Duration
+		want      bool
+		wantLimit int64
+	}{
+		{name: "after the dwell", snap: Snapshot{Step: 0}, after: dwell, want: true, wantLimit: 10},
+		{name: "before the dwell", snap: Snapshot{Step: 0}, after: dwell - time.Millisecond, want: false, wantLimit: 5},
+		{name: "at the last step", snap: Snapshot{Step: 3}, after: time.Hour, want: false, wantLimit: 40},
+		{name: "next limit is the ceiling", snap: Snapshot{Step: 1, Ceiling: 20, Backoffs: 1}, after: time.Hour, want: false, wantLimit: 10},
+		{name: "next limit above the ceiling", snap: Snapshot{Step: 1, Ceiling: 15, Backoffs: 1}, after: time.Hour, want: false, wantLimit: 10},
+		{name: "ceiling further up", snap: Snapshot{Step: 0, Ceiling: 20, Backoffs: 1}, after: dwell, want: true, wantLimit: 10},
+		{name: "below the first step", snap: Snapshot{Step: 0, Limit: 1}, after: dwell, want: true, wantLimit: 2},
+		{name: "below the first step, up to it", snap: Snapshot{Step: 0, Limit: 4}, after: dwell, want: true, wantLimit: 5},
+		{name: "settling after a step back", snap: Snapshot{Step: 0, Limit: 4, Ceiling: 5, Backoffs: 1, Settling: true}, after: time.Hour, want: false, wantLimit: 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newClock()
+			tt.snap.StepStarted = clk.Now()
+			r := Restore(seed(), clk, tt.snap)
+			clk.Advance(tt.after)
+			if got := r.AdvanceEarly(dwell); got != tt.want {
+				t.Fatalf("AdvanceEarly() = %v, want %v", got, tt.want)
+			}
+			if r.Limit() != tt.wantLimit {
+				t.Fatalf("Limit() = %d, want %d", r.Limit(), tt.wantLimit)
+			}
+			if tt.want && (r.Started() != clk.Now() || r.Settling()) {
+				t.Fatalf("after an early advance: Started() = %v, Settling() = %v; want now, false", r.Started(), r.Settling())
+			}
+			if got := r.Ceiling(); got != tt.snap.Ceiling {
+				t.Fatalf("Ceiling() = %d, want %d unchanged", got, tt.snap.Ceiling)
+			}
+		})
+	}
+}

@@ -113,9 +113,16 @@ func checkSpillway(t *testing.T, r sim.Result) {
 	if r.DrainSeconds == nil || r.PredictedDrainSeconds == nil {
 		t.Fatalf("spillway: drain %v, predicted %v; want both", r.DrainSeconds, r.PredictedDrainSeconds)
 	}
+	// The forecast assumes one step per stepDuration; the default ramp
+	// climbs a step its calls prove clean early, so the forecast is an upper
+	// bound and the drain lies between the forecast without the ramp's
+	// withheld capacity (a climb in no time) and the forecast, 10% either
+	// side.
 	drain, predicted := *r.DrainSeconds, *r.PredictedDrainSeconds
-	if diff := drain - predicted; diff > 0.1*predicted || diff < -0.1*predicted {
-		t.Errorf("spillway: drained in %vs, predicted %vs: more than 10%% apart", drain, predicted)
+	pr := r.Prediction
+	floor := predicted - pr.Withheld/(pr.Throughput-pr.Arrivals)
+	if drain > 1.1*predicted || drain < 0.9*floor {
+		t.Errorf("spillway: drained in %vs, forecast between %.1fs and %vs: more than 10%% outside", drain, floor, predicted)
 	}
 }
 
@@ -141,8 +148,11 @@ func TestEmailBacklogMatchesSeed(t *testing.T) {
 }
 
 // TestSpillwayRampHoldsCalls checks, in the time series, that the slow start
-// holds calls to the first step for the first minute after the breaker
-// closes: 5 slots of 100 ms are 50 calls per second.
+// holds calls to the first step after the breaker closes (5 slots of 100 ms
+// are 50 calls per second): for the step's minimum dwell (Settle, 10 s),
+// and then, its 500 clean calls proving it clean (ramp.StepBack.ProvenClean
+// takes about 270 at 1%), that it climbs before its one-minute
+// stepDuration.
 func TestSpillwayRampHoldsCalls(t *testing.T) {
 	sc, err := sim.Builtin("email-outage")
 	if err != nil {
@@ -150,13 +160,19 @@ func TestSpillwayRampHoldsCalls(t *testing.T) {
 	}
 	r := result(t, builtinReport(t, "email-outage"), sim.Spillway)
 	closed := int(sc.T1().Seconds() + r.Prediction.Shut)
-	for sec := closed; sec < closed+60; sec++ {
+	for sec := closed; sec < closed+10; sec++ {
 		if c := r.Series.Calls[sec]; c > 50 {
 			t.Fatalf("second %d after close: %d calls, want at most 50", sec-closed, c)
 		}
 	}
-	if c := r.Series.Calls[closed+200]; c < 300 {
-		t.Errorf("after the ramp: %d calls in a second, want the full rate near 400", c)
+	if m := slices.Max(r.Series.Calls[closed+10 : closed+30]); m <= 50 {
+		t.Errorf("seconds 10 to 30 after close: at most %d calls a second, want the clean first step climbed early (more than 50)", m)
+	}
+	// The dependency serves 60% of its 40 slots for 2 minutes after the
+	// recovery: the early step to 40 fails, steps back to 20 and retries 40
+	// after the ceiling's doubled hold (2 minutes).
+	if m := slices.Max(r.Series.Calls[closed+60 : closed+200]); m < 300 {
+		t.Errorf("after the ramp: at most %d calls in a second, want the full rate near 400", m)
 	}
 }
 
@@ -306,6 +322,10 @@ func TestPredictionWithRateLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc.Policy.Spec.Capacity.RatePerSecond = ptr(int32(100))
+	// The fixed schedule: the forecast's rate-limit arithmetic is exact for
+	// one step per stepDuration; with the default rule the forecast is an
+	// upper bound (TestPredictionAccuracy checks that bracket).
+	sc.Policy.Spec.Ramp.StepBack.When = "Never"
 	rep, err := sim.Run(sc, []sim.Policy{sim.CapRamp})
 	if err != nil {
 		t.Fatal(err)
