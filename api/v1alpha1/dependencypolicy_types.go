@@ -20,7 +20,8 @@ type DependencyPolicySpec struct {
 	Capacity Capacity `json:"capacity"`
 
 	// ramp is the slow start the fleet follows after the breaker closes: the
-	// limit starts at the first step and climbs one step per clean stepDuration.
+	// limit starts at the first step and climbs one step per clean stepDuration
+	// (sooner when stepBack is on and the step's own calls prove it clean).
 	// When omitted, the steps are derived from capacity.concurrency as
 	// c/8, c/4, c/2 and c (values below 1 and repeats dropped), one per minute.
 	// +kubebuilder:default={}
@@ -107,7 +108,10 @@ type Ramp struct {
 	Steps []int32 `json:"steps,omitempty"`
 
 	// stepDuration is how long the breaker must stay closed at one step before
-	// the limit moves up to the next, between 1s and 24h. Defaults to 1m.
+	// the limit moves up to the next, between 1s and 24h. Defaults to 1m. With
+	// stepBack on, a step whose own calls prove it clean (the upper 95% Wilson
+	// bound of its failure ratio below stepBack.failureRatio) moves up after a
+	// quarter of stepDuration (at most 10s), unless the next limit is a ceiling.
 	// +kubebuilder:default="1m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=64
@@ -147,7 +151,8 @@ const (
 // least minFailures failures and the failure ratio is at least failureRatio
 // with 95% confidence (the lower bound of the one-sided Wilson score
 // interval); it holds, without moving up, while the observed failure ratio is
-// at least failureRatio; and it moves up after a clean stepDuration. A step
+// at least failureRatio; and it moves up after a clean stepDuration, or early
+// once its calls prove it clean (see stepDuration). A step
 // back goes to the previous step; from the first step, to the highest power
 // of two below it, then on down by halves to 1 (the ramp climbs back by
 // doubling). The limit that failed is a ceiling: the ramp moves up to it
