@@ -130,12 +130,8 @@ func WilsonLower(k, n int64, z float64) float64 {
 	if n <= 0 {
 		return 0
 	}
-	nf := float64(n)
-	p := float64(k) / nf
-	z2 := z * z
-	center := p + z2/(2*nf)
-	margin := z * math.Sqrt(p*(1-p)/nf+z2/(4*nf*nf))
-	return max(0, (center-margin)/(1+z2/nf))
+	center, margin, d := wilson(k, n, z)
+	return max(0, (center-margin)/d)
 }
 
 // WilsonUpper is the upper bound of the Wilson score interval for a
@@ -145,12 +141,16 @@ func WilsonUpper(k, n int64, z float64) float64 {
 	if n <= 0 {
 		return 1
 	}
+	center, margin, d := wilson(k, n, z)
+	return min(1, (center+margin)/d)
+}
+
+// wilson is the Wilson score interval, for n > 0, as (center ± margin) / d.
+func wilson(k, n int64, z float64) (center, margin, d float64) {
 	nf := float64(n)
 	p := float64(k) / nf
 	z2 := z * z
-	center := p + z2/(2*nf)
-	margin := z * math.Sqrt(p*(1-p)/nf+z2/(4*nf*nf))
-	return min(1, (center+margin)/(1+z2/nf))
+	return p + z2/(2*nf), z * math.Sqrt(p*(1-p)/nf+z2/(4*nf*nf)), 1 + z2/nf
 }
 
 // ProvenClean reports whether a step's calls and failures prove it clean: the
