@@ -164,6 +164,9 @@ type run struct {
 	phase    atomic.Value // string
 	replicas atomic.Int64
 
+	boundsMu   sync.Mutex
+	lastBounds *[2]int // the autoscaler's last bounds read
+
 	samplesMu sync.Mutex
 	samples   []Sample
 }
@@ -294,7 +297,7 @@ func (r *run) autoscale(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		lo, hi := r.bounds(ctx)
+		lo, hi, _ := r.bounds(ctx)
 		want := int(math.Ceil(float64(r.queue.Len()) / float64(r.cfg.JobsPerReplica)))
 		want = min(max(want, lo), hi)
 		r.replicas.Store(int64(want))
@@ -305,15 +308,26 @@ func (r *run) autoscale(ctx context.Context) {
 	}
 }
 
-func (r *run) bounds(ctx context.Context) (int, int) {
+// bounds reads the autoscaler's min and max replicas. ok is false when the
+// read failed (the API server slow, or the run stopping under it): lo and hi
+// are then the last bounds read, or the Config's before the first, as an
+// autoscaler keeps acting on the last spec it saw. A sample does not record
+// them.
+func (r *run) bounds(ctx context.Context) (lo, hi int, ok bool) {
 	if r.fleet.Bounds == nil {
-		return r.cfg.MinReplicas, r.cfg.MaxReplicas
+		return r.cfg.MinReplicas, r.cfg.MaxReplicas, true
 	}
 	lo, hi, err := r.fleet.Bounds(ctx)
+	r.boundsMu.Lock()
+	defer r.boundsMu.Unlock()
 	if err != nil {
-		return r.cfg.MinReplicas, r.cfg.MaxReplicas
+		if r.lastBounds == nil {
+			return r.cfg.MinReplicas, r.cfg.MaxReplicas, false
+		}
+		return r.lastBounds[0], r.lastBounds[1], false
 	}
-	return lo, hi
+	r.lastBounds = &[2]int{lo, hi}
+	return lo, hi, true
 }
 
 // sample records the replay's state every SampleEvery.
@@ -341,7 +355,10 @@ func (r *run) sample(ctx context.Context) {
 			FailedPerSec: float64(st.Failed-prev.Failed) / secs,
 			Replicas:     int(r.replicas.Load()),
 		}
-		s.MinReplicas, s.MaxReplicas = r.bounds(ctx)
+		var ok bool
+		if s.MinReplicas, s.MaxReplicas, ok = r.bounds(ctx); !ok {
+			continue // the next sample covers this one's interval too
+		}
 		if r.fleet.Status != nil {
 			s.State, s.Limit = r.fleet.Status(ctx)
 		}
