@@ -109,9 +109,9 @@ type Ramp struct {
 
 	// stepDuration is how long the breaker must stay closed at one step before
 	// the limit moves up to the next, between 1s and 24h. Defaults to 1m. With
-	// stepBack on, a step whose own calls prove it clean (the upper 95% Wilson
-	// bound of its failure ratio below stepBack.failureRatio) moves up after a
-	// quarter of stepDuration (at most 10s), unless the next limit is a ceiling.
+	// stepBack on, a step whose own calls prove it clean (1/stepBack.failureRatio
+	// calls, 100 by default, and not one failure) moves up after a quarter of
+	// stepDuration (at most 10s), unless the next limit is a ceiling.
 	// +kubebuilder:default="1m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=64
@@ -221,8 +221,12 @@ type Breaker struct {
 	Window metav1.Duration `json:"window,omitzero"`
 
 	// openDuration is how long the breaker stays open, with no calls admitted,
-	// before it lets probe calls through, between 1s and 24h. Defaults to 60s.
-	// +kubebuilder:default="60s"
+	// before it lets probe calls through, between 1s and 24h. Probes are
+	// halfOpenProbes calls for the whole fleet, so a short openDuration costs
+	// the dependency little during a long outage and lets the fleet back
+	// soon after a short one: on average openDuration/2 after the dependency
+	// recovers. Defaults to 10s.
+	// +kubebuilder:default="10s"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('24h')",message="openDuration must be a duration between 1s and 24h, such as 60s"

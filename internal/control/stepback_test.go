@@ -338,14 +338,14 @@ func TestPlanPartialFailureYieldsToAFailingSignal(t *testing.T) {
 }
 
 // TestPlanAdvanceEarly: with the step-back rule on, a clean step whose own
-// calls prove it clean (ramp.StepBack.ProvenClean: about 270 clean calls at
-// 1%) climbs once it has lasted Schedule.Settle (10 s for one-minute steps),
-// before its stepDuration; a step with too few calls, or failures too close
-// to the rule's ratio, waits its full stepDuration; a step whose next limit
-// is the ceiling waits its doubled hold; the fixed schedule (Never) never
-// climbs early.
+// calls prove it clean (ramp.StepBack.ProvenClean: 100 calls at 1%, none
+// failing) climbs once it has lasted Schedule.Settle (10 s for one-minute
+// steps), before its stepDuration; a step with too few calls, or any
+// failure, waits its full stepDuration; a step whose next limit is the
+// ceiling waits its doubled hold; the fixed schedule (Never) never climbs
+// early.
 func TestPlanAdvanceEarly(t *testing.T) {
-	proven := protocol.Window{Calls: 300, Successes: 300}
+	proven := protocol.Window{Calls: 100, Successes: 100}
 	t.Run("high traffic climbs after the dwell", func(t *testing.T) {
 		e := listening(ramp.Ramping, 40)
 		toRamping(t, e, 5)
@@ -353,7 +353,7 @@ func TestPlanAdvanceEarly(t *testing.T) {
 			{name: "proven clean before the dwell", advance: 9 * time.Second, window: proven, state: wire.Ramping, limit: 5, epoch: 4},
 			{name: "proven clean at the dwell: climbs", advance: time.Second, window: proven, state: wire.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
 			{name: "the next step too", advance: 10 * time.Second, window: proven, state: wire.Ramping, limit: 20, epoch: 4, events: []string{EventRampStep}},
-			{name: "0.8% failed: clean but not proven", advance: 10 * time.Second, window: protocol.Window{Calls: 1000, Successes: 992, Failures: 8}, state: wire.Ramping, limit: 20, epoch: 4},
+			{name: "0.1% failed: clean but not proven", advance: 10 * time.Second, window: protocol.Window{Calls: 1000, Successes: 999, Failures: 1}, state: wire.Ramping, limit: 20, epoch: 4},
 			{name: "its full stepDuration: climbs by time", advance: 50 * time.Second, window: protocol.Window{Calls: 6000, Successes: 5952, Failures: 48}, state: wire.Closed, limit: 40, epoch: 5, events: []string{EventRampStep}},
 		})
 	})
@@ -361,9 +361,9 @@ func TestPlanAdvanceEarly(t *testing.T) {
 		e := listening(ramp.Ramping, 40)
 		toRamping(t, e, 5)
 		runSteps(t, e, []step{
-			{name: "30 s, 150 clean calls", advance: 30 * time.Second, window: protocol.Window{Calls: 150, Successes: 150}, state: wire.Ramping, limit: 5, epoch: 4},
-			{name: "59 s, 260 clean calls", advance: 29 * time.Second, window: protocol.Window{Calls: 260, Successes: 260}, state: wire.Ramping, limit: 5, epoch: 4},
-			{name: "a minute", advance: time.Second, window: protocol.Window{Calls: 265, Successes: 265}, state: wire.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
+			{name: "30 s, 60 clean calls", advance: 30 * time.Second, window: protocol.Window{Calls: 60, Successes: 60}, state: wire.Ramping, limit: 5, epoch: 4},
+			{name: "59 s, 99 clean calls", advance: 29 * time.Second, window: protocol.Window{Calls: 99, Successes: 99}, state: wire.Ramping, limit: 5, epoch: 4},
+			{name: "a minute", advance: time.Second, window: protocol.Window{Calls: 99, Successes: 99}, state: wire.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
 		})
 	})
 	t.Run("the ceiling's hold applies in full", func(t *testing.T) {

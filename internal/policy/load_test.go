@@ -83,7 +83,7 @@ func TestLoadDefaults(t *testing.T) {
 		{"breaker.failureRatio", params.Breaker.FailureRatio, 0.5},
 		{"breaker.minCalls", params.Breaker.MinCalls, int64(20)},
 		{"breaker.window", params.Breaker.Window, 30 * time.Second},
-		{"breaker.openDuration", params.Breaker.OpenDuration, 60 * time.Second},
+		{"breaker.openDuration", params.Breaker.OpenDuration, 10 * time.Second},
 		{"breaker.halfOpenProbes", params.Breaker.HalfOpenProbes, int64(3)},
 		{"retryBudget.ratio", params.Budget.Ratio, 0.2},
 		{"retryBudget.minRetries", params.Budget.MinRetries, int64(10)},

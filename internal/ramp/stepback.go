@@ -130,39 +130,43 @@ func WilsonLower(k, n int64, z float64) float64 {
 	if n <= 0 {
 		return 0
 	}
-	center, margin, d := wilson(k, n, z)
-	return max(0, (center-margin)/d)
-}
-
-// WilsonUpper is the upper bound of the Wilson score interval for a
-// proportion of k successes in n trials at normal quantile z; 1 when n <= 0
-// (no evidence bounds nothing).
-func WilsonUpper(k, n int64, z float64) float64 {
-	if n <= 0 {
-		return 1
-	}
-	center, margin, d := wilson(k, n, z)
-	return min(1, (center+margin)/d)
-}
-
-// wilson is the Wilson score interval, for n > 0, as (center ± margin) / d.
-func wilson(k, n int64, z float64) (center, margin, d float64) {
 	nf := float64(n)
 	p := float64(k) / nf
 	z2 := z * z
-	return p + z2/(2*nf), z * math.Sqrt(p*(1-p)/nf+z2/(4*nf*nf)), 1 + z2/nf
+	center, margin := p+z2/(2*nf), z*math.Sqrt(p*(1-p)/nf+z2/(4*nf*nf))
+	return max(0, (center-margin)/(1+z2/nf))
 }
 
-// ProvenClean reports whether a step's calls and failures prove it clean: the
-// Wilson upper bound (one-sided 95%, Z) of its failure ratio is below
-// FailureRatio. With no failures that takes Z²(1-r)/r calls, about 268 at
-// FailureRatio 0.01; with 1 failure about 470. A rule that is Never on proves
-// nothing (the fixed schedule climbs by time only).
+// ProvenClean reports whether a step's calls and failures prove it clean
+// enough to climb before its StepDuration (Ramp.AdvanceEarly): at least
+// ProofCalls of them, and not one failure. ProofCalls is 1/FailureRatio (100
+// at 0.01), the fewest calls at which a single failure would not already hold
+// the step (Judge), so the step has been seen clean at the rule's own
+// resolution; with none failing, its failure ratio is below 3/ProofCalls with
+// 95% confidence. A step with any failure climbs by time only (Ramp.Advance),
+// if the rule judges it Clean. A rule that is Never on proves nothing (the
+// fixed schedule climbs by time only).
+//
+// The proof does not need to be strong: a step that climbs early onto a limit
+// above what the dependency can serve fails there, and the rule steps back to
+// this step, which then becomes safe ground (the failed limit is the ceiling).
+// What bounds the risk is the dwell before an early climb (Schedule.Settle):
+// the calls the step admitted first must have ended, so that failures as slow
+// as a timeout have been counted.
 func (sb StepBack) ProvenClean(calls, failures int64) bool {
-	if !sb.On() || calls <= 0 {
+	if !sb.On() || failures > 0 {
 		return false
 	}
-	return WilsonUpper(min(max(failures, 0), calls), calls, Z) < sb.FailureRatio
+	return calls >= sb.ProofCalls()
+}
+
+// ProofCalls is how many calls, none failing, prove a step clean:
+// ceil(1/FailureRatio), at least 1; 0 for a rule that is not on.
+func (sb StepBack) ProofCalls() int64 {
+	if !sb.On() || !(sb.FailureRatio > 0) {
+		return 0
+	}
+	return max(1, int64(math.Ceil(1/sb.FailureRatio-1e-9)))
 }
 
 // Settle is how long the outcomes of a step entered by a step back are

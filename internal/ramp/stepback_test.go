@@ -296,37 +296,20 @@ func TestStepBackSnapshotRoundTrip(t *testing.T) {
 	}
 }
 
-// TestWilsonUpper checks the upper bound against values computed by hand,
-// its limits, and the calls a clean step needs to be proven clean.
-func TestWilsonUpper(t *testing.T) {
-	tests := []struct {
-		k, n int64
-		z    float64
-		want float64
-	}{
-		{k: 0, n: 0, z: Z, want: 1},
-		// p = 0.5, n = 100, z = 1.96: the textbook 0.5962
-		{k: 50, n: 100, z: 1.96, want: 0.5962},
-		// k = 0: z²/(n+z²)
-		{k: 0, n: 268, z: Z, want: 0.00999},
-		{k: 1, n: 1, z: 1.96, want: 1},
-	}
-	for _, tt := range tests {
-		if got := WilsonUpper(tt.k, tt.n, tt.z); math.Abs(got-tt.want) > 5e-4 {
-			t.Errorf("WilsonUpper(%d, %d, %v) = %.4f, want %.4f", tt.k, tt.n, tt.z, got, tt.want)
-		}
-	}
+// TestWilsonLowerContainsTheRatio: the lower bound never exceeds the
+// observed ratio.
+func TestWilsonLowerContainsTheRatio(t *testing.T) {
 	for n := int64(1); n < 100000; n *= 3 {
 		for _, k := range []int64{0, n / 10, n / 2, n} {
-			if lo, hi := WilsonLower(k, n, Z), WilsonUpper(k, n, Z); lo > float64(k)/float64(n) || hi < float64(k)/float64(n) {
-				t.Fatalf("k=%d n=%d: [%v, %v] does not contain %v", k, n, lo, hi, float64(k)/float64(n))
+			if lo := WilsonLower(k, n, Z); lo > float64(k)/float64(n) {
+				t.Fatalf("k=%d n=%d: lower bound %v above the ratio %v", k, n, lo, float64(k)/float64(n))
 			}
 		}
 	}
 }
 
-// TestProvenClean is the early-advance evidence table: enough clean calls
-// prove a step clean; too few, a failure ratio near the rule's, or a rule
+// TestProvenClean is the early-advance evidence table: 1/FailureRatio calls
+// with no failure prove a step clean; fewer calls, any failure, or a rule
 // that is off do not.
 func TestProvenClean(t *testing.T) {
 	tests := []struct {
@@ -336,17 +319,18 @@ func TestProvenClean(t *testing.T) {
 		want            bool
 	}{
 		{name: "no calls", sb: rule, want: false},
-		{name: "267 clean calls are not enough at 1%", sb: rule, calls: 267, want: false},
-		{name: "270 clean calls are", sb: rule, calls: 270, want: true},
-		{name: "one failure needs more calls", sb: rule, calls: 300, failures: 1, want: false},
-		{name: "one failure in 500", sb: rule, calls: 500, failures: 1, want: true},
-		{name: "0.5% of 10000", sb: rule, calls: 10000, failures: 50, want: true},
-		{name: "0.9% of 10000: not proven", sb: rule, calls: 10000, failures: 90, want: false},
-		{name: "failures above the ratio", sb: rule, calls: 1000, failures: 20, want: false},
+		{name: "99 clean calls are not enough at 1%", sb: rule, calls: 99, want: false},
+		{name: "100 clean calls are", sb: rule, calls: 100, want: true},
+		{name: "one failure in 100 is not", sb: rule, calls: 100, failures: 1, want: false},
+		{name: "one failure in 10000 is not either: it climbs by time", sb: rule, calls: 10000, failures: 1, want: false},
 		{name: "more failures than calls", sb: rule, calls: 1000, failures: 5000, want: false},
+		{name: "20 clean calls at 5%", sb: StepBack{When: Ramping, FailureRatio: 0.05, MinFailures: 3}, calls: 20, want: true},
+		{name: "19 are not", sb: StepBack{When: Ramping, FailureRatio: 0.05, MinFailures: 3}, calls: 19, want: false},
+		{name: "4 clean calls at 0.3 (1/0.3 rounds up)", sb: StepBack{When: Ramping, FailureRatio: 0.3, MinFailures: 1}, calls: 4, want: true},
+		{name: "3 are not", sb: StepBack{When: Ramping, FailureRatio: 0.3, MinFailures: 1}, calls: 3, want: false},
 		{name: "Never proves nothing", sb: StepBack{When: Never, FailureRatio: 0.01, MinFailures: 3}, calls: 100000, want: false},
 		{name: "zero rule proves nothing", calls: 100000, want: false},
-		{name: "Always", sb: StepBack{When: Always, FailureRatio: 0.01, MinFailures: 3}, calls: 270, want: true},
+		{name: "Always", sb: StepBack{When: Always, FailureRatio: 0.01, MinFailures: 3}, calls: 100, want: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -400,5 +384,28 @@ func TestAdvanceEarly(t *testing.T) {
 				t.Fatalf("Ceiling() = %d, want %d unchanged", got, tt.snap.Ceiling)
 			}
 		})
+	}
+}
+
+// TestProofCalls: 1/FailureRatio rounded up, exact for the ratios a user
+// writes as a whole reciprocal; 0 for a rule that is off.
+func TestProofCalls(t *testing.T) {
+	tests := []struct {
+		sb   StepBack
+		want int64
+	}{
+		{sb: rule, want: 100},
+		{sb: StepBack{When: Always, FailureRatio: 0.1, MinFailures: 1}, want: 10},
+		{sb: StepBack{When: Ramping, FailureRatio: 0.05, MinFailures: 1}, want: 20},
+		{sb: StepBack{When: Ramping, FailureRatio: 0.07, MinFailures: 1}, want: 15},
+		{sb: StepBack{When: Ramping, FailureRatio: 0.001, MinFailures: 1}, want: 1000},
+		{sb: StepBack{When: Ramping, FailureRatio: 0.99, MinFailures: 1}, want: 2},
+		{sb: StepBack{When: Never, FailureRatio: 0.01, MinFailures: 1}, want: 0},
+		{want: 0},
+	}
+	for _, tt := range tests {
+		if got := tt.sb.ProofCalls(); got != tt.want {
+			t.Errorf("ProofCalls(%+v) = %d, want %d", tt.sb, got, tt.want)
+		}
 	}
 }

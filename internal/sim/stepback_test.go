@@ -16,9 +16,9 @@ var hindsight = map[string]struct {
 	step   string
 	factor float64
 }{
-	"cold-small": {steps: []int32{1, 2}, step: "4m", factor: 1.1},
-	"cold-tenth": {steps: []int32{4, 40}, step: "3m", factor: 1.1},
-	"cold-step":  {steps: []int32{6, 20}, step: "2m", factor: 2.5},
+	"cold-small": {steps: []int32{1, 2}, step: "3m", factor: 1.1},
+	"cold-tenth": {steps: []int32{4, 40}, step: "2m30s", factor: 1.1},
+	"cold-step":  {steps: []int32{6, 20}, step: "1m", factor: 2.0},
 }
 
 // TestColdStartScenarios checks issue 13's claims on the ramp's failure
