@@ -428,7 +428,7 @@ func TestDefaults(t *testing.T) {
 			FailureRatio:   0.5,
 			MinCalls:       20,
 			Window:         metav1.Duration{Duration: 30 * time.Second},
-			OpenDuration:   metav1.Duration{Duration: 60 * time.Second},
+			OpenDuration:   metav1.Duration{Duration: 10 * time.Second},
 			HalfOpenProbes: 3,
 		},
 		RetryBudget: spillwayv1alpha1.RetryBudget{
