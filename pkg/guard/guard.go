@@ -313,7 +313,11 @@ func (g *Guard) Supersede(ctx context.Context, key string, version int64) error 
 // Acquire admits one call or refuses it. On admission the caller must call
 // Done on the Permit exactly once, with the call's error. When ctx is
 // cancelled or its deadline passes before an answer, Acquire returns
-// ctx.Err(): the caller's own doing, not a refusal.
+// ctx.Err() (context.DeadlineExceeded for a deadline, even before the
+// context's timer has run): the caller's own doing, not a refusal, not a
+// Redis error, and never a FailOpenLimit admission. With WaitForSlot, a
+// deadline that ends the wait for a slot returns the refusal being waited
+// out.
 func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -338,9 +342,17 @@ func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
 	defer cancel()
 	start := time.Now()
 	var pause time.Duration
+	var waiting *Error // the refusal the caller is waiting out, if any
 	for {
 		adm, sent, err := g.acquireOnce(ctx, args)
 		if err != nil {
+			if waiting != nil && callerEnded(ctx) && !errors.Is(ctx.Err(), context.Canceled) {
+				// The caller's deadline, not Redis, ended the round trip
+				// of a wait for a slot: a deadline gets the refusal, as
+				// between polls.
+				g.count(waiting)
+				return nil, waiting
+			}
 			return g.unavailable(ctx, job, err)
 		}
 		refusal := g.refusal(adm)
@@ -360,6 +372,7 @@ func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
 			g.count(refusal)
 			return nil, refusal
 		}
+		waiting = refusal
 		// Wait without hot polling: capped exponential steps with full jitter,
 		// never past the next lease expiry or rate slot the server hinted at.
 		pause = min(max(2*pause, 5*time.Millisecond), 250*time.Millisecond)
@@ -462,9 +475,14 @@ func (g *Guard) count(e *Error) {
 // or Redis not answering. It fails closed unless FailOpenLimit admits the
 // call locally.
 func (g *Guard) unavailable(ctx context.Context, job Job, err error) (*Permit, error) {
-	if ctx.Err() != nil {
-		// The caller's cancellation or deadline ended the wait, not Redis.
-		return nil, ctx.Err()
+	if callerEnded(ctx) {
+		// The caller's cancellation or deadline ended the wait, not Redis:
+		// no Redis error, and no fail-open admission for a caller that is
+		// out of time.
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return nil, context.DeadlineExceeded
 	}
 	if errors.Is(err, protocol.ErrNoPolicy) || errors.Is(err, protocol.ErrVersion) {
 		e := &Error{Action: ActionDefer, Reason: ErrNoPolicy, After: g.jitterUp(g.opts.DeferDelay), Cause: err}
@@ -483,6 +501,19 @@ func (g *Guard) unavailable(ctx context.Context, job Job, err error) (*Permit, e
 	e := &Error{Action: ActionDefer, Reason: ErrRedisUnavailable, After: g.jitterUp(g.opts.DeferDelay), Cause: err}
 	g.count(e)
 	return nil, e
+}
+
+// callerEnded reports whether the caller's context has ended: cancelled, or
+// past its deadline. The deadline is read from the clock as well as from Err:
+// go-redis makes it the connection's I/O deadline, so a round trip can fail
+// with an I/O timeout at the deadline before the context's timer has run and
+// set Err, which on a starved machine can be late by many milliseconds.
+func callerEnded(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // redisContext bounds one Redis round trip.
