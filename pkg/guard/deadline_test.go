@@ -75,3 +75,21 @@ func TestCallerDeadlineIsNotRedisUnavailable(t *testing.T) {
 		g.Expect(testutil.ToFloat64(counter(t, reg, "spillway_worker_fail_open_calls_total"))).To(BeZero())
 	})
 }
+
+// TestSupersedeCallerDeadlineIsNotARedisError: a Supersede that the caller's
+// deadline ends returns context.DeadlineExceeded and counts no Redis error,
+// even before the context's timer has run.
+func TestSupersedeCallerDeadlineIsNotARedisError(t *testing.T) {
+	g := NewWithT(t)
+	rdb := fastClient(redistest.Start(t))
+	publish(t, rdb, defaultPublished(1))
+	reg := prometheus.NewRegistry()
+	gd := newGuard(t, rdb, guard.Options{Registerer: reg})
+
+	ctx := lateTimer{Context: t.Context(), deadline: time.Now().Add(-time.Millisecond)}
+	err := gd.Supersede(ctx, "invoice-42", 2)
+	g.Expect(errors.Is(err, context.DeadlineExceeded)).To(BeTrue(), "got %v", err)
+	g.Expect(testutil.ToFloat64(counter(t, reg, "spillway_worker_redis_errors_total"))).To(BeZero())
+
+	g.Expect(gd.Supersede(t.Context(), "invoice-42", 2)).To(Succeed(), "a live context supersedes")
+}

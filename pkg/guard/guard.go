@@ -301,9 +301,12 @@ func (g *Guard) Do(ctx context.Context, job Job, fn func(context.Context) error)
 // newer job is enqueued), so queued older versions are dropped before they
 // call the dependency.
 func (g *Guard) Supersede(ctx context.Context, key string, version int64) error {
-	ctx, cancel := g.redisContext(ctx)
+	rctx, cancel := g.redisContext(ctx)
 	defer cancel()
-	if _, err := g.proto.Supersede(ctx, key, version, g.opts.JobTTL); err != nil {
+	if _, err := g.proto.Supersede(rctx, key, version, g.opts.JobTTL); err != nil {
+		if callerEnded(ctx) {
+			return callerErr(ctx)
+		}
 		g.metrics.redisErrors.Inc()
 		return err
 	}
@@ -479,10 +482,7 @@ func (g *Guard) unavailable(ctx context.Context, job Job, err error) (*Permit, e
 		// The caller's cancellation or deadline ended the wait, not Redis:
 		// no Redis error, and no fail-open admission for a caller that is
 		// out of time.
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		return nil, context.DeadlineExceeded
+		return nil, callerErr(ctx)
 	}
 	if errors.Is(err, protocol.ErrNoPolicy) || errors.Is(err, protocol.ErrVersion) {
 		e := &Error{Action: ActionDefer, Reason: ErrNoPolicy, After: g.jitterUp(g.opts.DeferDelay), Cause: err}
@@ -514,6 +514,15 @@ func callerEnded(ctx context.Context) bool {
 	}
 	dl, ok := ctx.Deadline()
 	return ok && !time.Now().Before(dl)
+}
+
+// callerErr is why the caller's context ended (callerEnded): its Err, or
+// context.DeadlineExceeded while its timer has not run yet.
+func callerErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
 }
 
 // redisContext bounds one Redis round trip.
