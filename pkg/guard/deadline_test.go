@@ -26,6 +26,17 @@ type lateTimer struct {
 
 func (c lateTimer) Deadline() (time.Time, bool) { return c.deadline, true }
 
+// meteredGuard is a guard with its own metrics registry, on a fresh
+// redis-server whose policy allows one call at a time.
+func meteredGuard(t *testing.T, opts guard.Options) (*guard.Guard, *prometheus.Registry) {
+	t.Helper()
+	rdb := fastClient(redistest.Start(t))
+	publish(t, rdb, defaultPublished(1))
+	reg := prometheus.NewRegistry()
+	opts.Registerer = reg
+	return newGuard(t, rdb, opts), reg
+}
+
 // TestCallerDeadlineIsNotRedisUnavailable: when the caller's own deadline
 // ends a Redis round trip (the connection's I/O deadline is the caller's),
 // Redis did not fail: a caller that was waiting for a slot gets the throttled
@@ -39,10 +50,7 @@ func (c lateTimer) Deadline() (time.Time, bool) { return c.deadline, true }
 func TestCallerDeadlineIsNotRedisUnavailable(t *testing.T) {
 	t.Run("waiting for a slot", func(t *testing.T) {
 		g := NewWithT(t)
-		rdb := fastClient(redistest.Start(t))
-		publish(t, rdb, defaultPublished(1))
-		reg := prometheus.NewRegistry()
-		gd := newGuard(t, rdb, guard.Options{WaitForSlot: true, FailOpenLimit: 1, Registerer: reg})
+		gd, reg := meteredGuard(t, guard.Options{WaitForSlot: true, FailOpenLimit: 1})
 		held, err := gd.Acquire(t.Context(), guard.Job{})
 		g.Expect(err).NotTo(HaveOccurred())
 		defer held.Done(nil)
@@ -59,10 +67,7 @@ func TestCallerDeadlineIsNotRedisUnavailable(t *testing.T) {
 	})
 	t.Run("before Redis answered", func(t *testing.T) {
 		g := NewWithT(t)
-		rdb := fastClient(redistest.Start(t))
-		publish(t, rdb, defaultPublished(1))
-		reg := prometheus.NewRegistry()
-		gd := newGuard(t, rdb, guard.Options{FailOpenLimit: 1, Registerer: reg})
+		gd, reg := meteredGuard(t, guard.Options{FailOpenLimit: 1})
 
 		ctx := lateTimer{Context: t.Context(), deadline: time.Now().Add(-time.Millisecond)}
 		p, err := gd.Acquire(ctx, guard.Job{})
@@ -81,10 +86,7 @@ func TestCallerDeadlineIsNotRedisUnavailable(t *testing.T) {
 // even before the context's timer has run.
 func TestSupersedeCallerDeadlineIsNotARedisError(t *testing.T) {
 	g := NewWithT(t)
-	rdb := fastClient(redistest.Start(t))
-	publish(t, rdb, defaultPublished(1))
-	reg := prometheus.NewRegistry()
-	gd := newGuard(t, rdb, guard.Options{Registerer: reg})
+	gd, reg := meteredGuard(t, guard.Options{})
 
 	ctx := lateTimer{Context: t.Context(), deadline: time.Now().Add(-time.Millisecond)}
 	err := gd.Supersede(ctx, "invoice-42", 2)
