@@ -12,6 +12,7 @@ const DependencyPolicyKind = "DependencyPolicy"
 // autoscaled workloads call it.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.ramp) || !has(self.ramp.steps) || self.ramp.steps.all(s, s <= self.capacity.concurrency)",message="every ramp step must be at most capacity.concurrency",fieldPath=".ramp.steps"
+// +kubebuilder:validation:XValidation:rule="!has(self.ramp) || !has(self.ramp.earlyClimb) || !self.ramp.earlyClimb || !has(self.ramp.stepBack) || !has(self.ramp.stepBack.when) || self.ramp.stepBack.when != 'Never'",message="ramp.earlyClimb needs ramp.stepBack.when Ramping or Always: a step climbs early only on the step-back rule's proof",fieldPath=".ramp.earlyClimb"
 // +kubebuilder:validation:XValidation:rule="!has(self.ramp) || !has(self.ramp.stepBack) || !has(self.ramp.stepBack.failureRatio) || self.ramp.stepBack.failureRatio < (has(self.breaker) && has(self.breaker.failureRatio) ? self.breaker.failureRatio : 0.5)",message="ramp.stepBack.failureRatio must be below breaker.failureRatio: the ramp steps back on a partial failure, before the breaker opens",fieldPath=".ramp.stepBack.failureRatio"
 type DependencyPolicySpec struct {
 	// capacity is what the dependency can serve, for the whole fleet together.
@@ -108,10 +109,9 @@ type Ramp struct {
 	Steps []int32 `json:"steps,omitempty"`
 
 	// stepDuration is how long the breaker must stay closed at one step before
-	// the limit moves up to the next, between 1s and 24h. Defaults to 1m. With
-	// stepBack on, a step whose own calls prove it clean (1/stepBack.failureRatio
-	// calls, 100 by default, and not one failure) moves up after a quarter of
-	// stepDuration (at most 10s), unless the next limit is a ceiling.
+	// the limit moves up to the next, between 1s and 24h. Defaults to 1m. It is
+	// a floor: no step is left before it has lasted stepDuration, unless
+	// earlyClimb is set.
 	// +kubebuilder:default="1m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=64
@@ -126,6 +126,31 @@ type Ramp struct {
 	// +kubebuilder:default={}
 	// +optional
 	StepBack RampStepBack `json:"stepBack,omitempty"`
+
+	// earlyClimb lets a step whose own calls prove it clean (1/stepBack.failureRatio
+	// calls, 100 by default, and not one failure) move up after a quarter of
+	// stepDuration (at most 10s) instead of a whole stepDuration, unless the
+	// next limit is a ceiling. It needs stepBack on. The risk: a dependency
+	// that is still cold (caches, connection pools, JIT) answers its first
+	// calls at a low limit well, and the ramp reaches a limit it cannot serve
+	// before the cold start is over; if it falls over there rather than
+	// failing partially, the breaker opens. Leave it off for a dependency
+	// whose cold start outlasts a few quarter steps. Defaults to false.
+	// +optional
+	EarlyClimb bool `json:"earlyClimb,omitempty"`
+
+	// warmFor is the longest outage after which the dependency is still warm,
+	// between 1s and 1h: when the breaker closes less than warmFor after it
+	// opened, the fleet goes straight back to full capacity instead of climbing
+	// the steps. Set it for a dependency whose short blips (a restart, a
+	// failover, a deploy) leave its caches warm. An outage that began during
+	// the ramp, or right after it, always ramps. When omitted, every outage
+	// ramps.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="warmFor must be a duration between 1s and 1h, such as 45s or 2m"
+	// +optional
+	WarmFor *metav1.Duration `json:"warmFor,omitempty"`
 }
 
 // StepBackWhen says when the ramp's step-back rule applies.

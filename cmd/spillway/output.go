@@ -37,7 +37,7 @@ func writeTable(w io.Writer, sc *sim.Scenario, rep *sim.Report) error {
 	fmt.Fprintf(tw, "%-*s\tpeak/cap\t2nd outages\tdrain s\tpredicted s\tcompleted\tstale\tsuperseded\tparked\tgave up\tpending\tlost\tcalls\tamplif.\t\n", width, "policy")
 	for _, r := range rep.Policies {
 		fmt.Fprintf(tw, "%-*s\t%.2f\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%.2f\t\n",
-			width, r.Policy, r.PeakOverCapacity, r.SecondOutages, seconds(r.DrainSeconds), seconds(r.PredictedDrainSeconds),
+			width, r.Policy, r.PeakOverCapacity, r.SecondOutages, seconds(r.DrainSeconds), forecast(r.Prediction),
 			r.Completed, r.Stale, r.Superseded, r.Parked, r.GaveUp, r.Pending, r.Lost, r.Calls, r.Amplification)
 	}
 	if err := tw.Flush(); err != nil {
@@ -51,6 +51,21 @@ func seedOf(sc *sim.Scenario) uint64 {
 		return 1
 	}
 	return sc.Seed
+}
+
+// forecast formats the drain forecast: "≥N" when it is a lower bound (the
+// ramp found the dependency serving less than its policy says), "-" when
+// there is none.
+func forecast(p sim.Prediction) string {
+	switch {
+	case p.Seconds == nil:
+		return "-"
+	case p.AtLeast:
+		return "≥" + seconds(p.Seconds)
+	case p.From != nil:
+		return seconds(p.From) + "–" + seconds(p.Seconds)
+	}
+	return seconds(p.Seconds)
 }
 
 // seconds formats an optional number of seconds; nil is "never".

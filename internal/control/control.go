@@ -153,12 +153,33 @@ func Plan(in Input) Output {
 	partial := verdict == ramp.Back && window.Calls-window.Failures >= sb.MinFailures && r.Limit() > 1 && v != verdictFailing
 
 	var transitions []Transition
+	outageSince := prev.OutageSince
 	if t, ok := evaluateBreaker(b, counted, countedProbes, partial); ok {
-		if t.To == wire.Open || t.To == wire.Closed {
-			r.Restart()
+		warm := false
+		switch {
+		case t.To == wire.Open && t.From == wire.Closed:
+			outageSince = in.Now
+			if collapsed(in.Params, prev, r, in.Now) {
+				r.Collapse()
+			} else {
+				r.Restart()
+			}
+		case t.To == wire.Closed:
+			warm = isWarm(in.Params, outageSince, r, in.Now)
+			switch {
+			case warm:
+				r.Skip()
+			case r.Ceiling() > 0:
+				r.Rewind()
+			default:
+				r.Restart()
+			}
 		}
 		state := publishedState(b.State(), r)
 		msg := breakerMessage(in.Params, t, window, probes, r)
+		if warm {
+			msg = warmMessage(in.Params, probes, in.Now.Sub(outageSince), r)
+		}
 		if v != verdictNone && decidedBySignal(in.Params, before, clk, window, probes, t) {
 			msg = signalMessage(in.Params, t, in.External, r)
 		}
@@ -178,7 +199,7 @@ func Plan(in Input) Output {
 				To:      publishedState(b.State(), r),
 				Message: stepBackMessage(in.Params, window, from, r),
 			})
-		case verdict == ramp.Clean && (r.Advance() || sb.ProvenClean(window.Calls, window.Failures) && r.AdvanceEarly(in.Params.Ramp.Settle())):
+		case verdict == ramp.Clean && (r.Advance() || in.Params.Ramp.EarlyClimb && sb.ProvenClean(window.Calls, window.Failures) && r.AdvanceEarly(in.Params.Ramp.Settle())):
 			transitions = append(transitions, Transition{
 				Reason:  EventRampStep,
 				From:    prev.State,
@@ -207,9 +228,15 @@ func Plan(in Input) Output {
 		RampSettling:    rs.Settling,
 		HalfOpenProbes:  in.Params.Breaker.HalfOpenProbes,
 		StaleAfter:      in.StaleAfter,
+		OutageSince:     outageSince,
+		SuccessLatency:  prev.SuccessLatency,
 		Seq:             prev.Seq,
 	}
+	if l := in.Window.MeanSuccessLatency(); l > 0 {
+		next.SuccessLatency = l
+	}
 	next.Limit = Limit(in.Params, next.State, r.Limit())
+	next.RatePerSecond = RateBound(in.Params, rateBounded(in.Params, next.State, r, in.Now), next.Limit, next.SuccessLatency)
 	if next.State == wire.Open {
 		next.OpenUntil = snap.Since.Add(in.Params.Breaker.OpenDuration)
 		if next.StaleAfter > 0 {

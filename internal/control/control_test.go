@@ -143,7 +143,8 @@ func TestPlanErrorsMidRampRestartFromBottom(t *testing.T) {
 		{name: "a probe fails", advance: time.Second, probes: protocol.Probes{Successes: 1, Timeouts: 1}, state: wire.Open, limit: 0, epoch: 7, events: []string{EventOpened}},
 		{name: "half-open a third time", advance: time.Minute, state: wire.HalfOpen, limit: 3, epoch: 8, events: []string{EventHalfOpened}},
 		{name: "closed: the ramp restarts from 5", advance: time.Second, probes: probes3, state: wire.Ramping, limit: 5, epoch: 9, events: []string{EventClosed}},
-		{name: "then 10", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 10, epoch: 9, events: []string{EventRampStep}},
+		{name: "a clean minute: 10, where it fell over, is a ceiling", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 5, epoch: 9},
+		{name: "then 10 after twice the stepDuration", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 10, epoch: 9, events: []string{EventRampStep}},
 	})
 }
 

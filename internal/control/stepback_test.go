@@ -346,8 +346,18 @@ func TestPlanPartialFailureYieldsToAFailingSignal(t *testing.T) {
 // early.
 func TestPlanAdvanceEarly(t *testing.T) {
 	proven := protocol.Window{Calls: 100, Successes: 100}
+	t.Run("without earlyClimb stepDuration is a floor", func(t *testing.T) {
+		e := listening(ramp.Ramping, 40)
+		toRamping(t, e, 5)
+		runSteps(t, e, []step{
+			{name: "proven clean at the dwell: stays", advance: 10 * time.Second, window: proven, state: wire.Ramping, limit: 5, epoch: 4},
+			{name: "3000 clean calls at 59 s: stays", advance: 49 * time.Second, window: protocol.Window{Calls: 3000, Successes: 3000}, state: wire.Ramping, limit: 5, epoch: 4},
+			{name: "a minute: climbs", advance: time.Second, window: protocol.Window{Calls: 3000, Successes: 3000}, state: wire.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
+		})
+	})
 	t.Run("high traffic climbs after the dwell", func(t *testing.T) {
 		e := listening(ramp.Ramping, 40)
+		e.params.Ramp.EarlyClimb = true
 		toRamping(t, e, 5)
 		runSteps(t, e, []step{
 			{name: "proven clean before the dwell", advance: 9 * time.Second, window: proven, state: wire.Ramping, limit: 5, epoch: 4},
@@ -359,6 +369,7 @@ func TestPlanAdvanceEarly(t *testing.T) {
 	})
 	t.Run("low traffic waits the full stepDuration", func(t *testing.T) {
 		e := listening(ramp.Ramping, 40)
+		e.params.Ramp.EarlyClimb = true
 		toRamping(t, e, 5)
 		runSteps(t, e, []step{
 			{name: "30 s, 60 clean calls", advance: 30 * time.Second, window: protocol.Window{Calls: 60, Successes: 60}, state: wire.Ramping, limit: 5, epoch: 4},
@@ -368,6 +379,7 @@ func TestPlanAdvanceEarly(t *testing.T) {
 	})
 	t.Run("the ceiling's hold applies in full", func(t *testing.T) {
 		e := listening(ramp.Ramping, 40)
+		e.params.Ramp.EarlyClimb = true
 		toRamping(t, e, 5)
 		runSteps(t, e, []step{
 			{name: "climbs early", advance: 10 * time.Second, window: proven, state: wire.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},

@@ -54,6 +54,7 @@ func FromSpec(spec spillwayv1alpha1.DependencyPolicySpec) (Params, error) {
 				FailureRatio: spec.Ramp.StepBack.FailureRatio,
 				MinFailures:  int64(spec.Ramp.StepBack.MinFailures),
 			},
+			EarlyClimb: spec.Ramp.EarlyClimb,
 		},
 		Backoff: retry.Backoff{
 			Base:   spec.Backoff.Base.Duration,
@@ -71,6 +72,9 @@ func FromSpec(spec spillwayv1alpha1.DependencyPolicySpec) (Params, error) {
 		if p.RatePerSecond < 1 {
 			return Params{}, fmt.Errorf("capacity.ratePerSecond must be at least 1, got %d", p.RatePerSecond)
 		}
+	}
+	if spec.Ramp.WarmFor != nil {
+		p.Ramp.WarmFor = spec.Ramp.WarmFor.Duration
 	}
 	if spec.RetryBudget.MinRetries != nil {
 		p.Budget.MinRetries = int64(*spec.RetryBudget.MinRetries)

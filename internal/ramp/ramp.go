@@ -33,6 +33,16 @@ type Schedule struct {
 	// StepBack is the rule that holds a step that fails and steps back from
 	// it (see StepBack); the zero value is Never: a fixed schedule.
 	StepBack StepBack
+	// EarlyClimb lets a step that its own calls prove clean
+	// (StepBack.ProvenClean) climb after Settle instead of StepDuration
+	// (Ramp.AdvanceEarly). Off, StepDuration is a floor: no step is left
+	// before it has lasted StepDuration.
+	EarlyClimb bool
+	// WarmFor is the longest outage after which the dependency is still
+	// warm: a breaker that closes less than WarmFor after it opened goes
+	// straight to full capacity instead of climbing the steps (Ramp.Skip).
+	// 0 ramps after every outage.
+	WarmFor time.Duration
 }
 
 // Validate checks s against the dependency's capacity: capacity >= 1, Steps
@@ -58,6 +68,12 @@ func (s Schedule) Validate(capacity int64) error {
 	}
 	if err := s.StepBack.Validate(); err != nil {
 		return fmt.Errorf("stepBack: %w", err)
+	}
+	if s.EarlyClimb && !s.StepBack.On() {
+		return fmt.Errorf("earlyClimb needs stepBack.when Ramping or Always")
+	}
+	if s.WarmFor < 0 {
+		return fmt.Errorf("warmFor must be >= 0, got %v", s.WarmFor)
 	}
 	return nil
 }
@@ -284,6 +300,59 @@ func (r *Ramp) StepBack() bool {
 	return true
 }
 
+// Collapse remembers the limit at which the dependency fell over, when the
+// breaker opens during a step or right after the last one: that limit
+// becomes the ceiling, exactly as a step back's (the hold before it doubles,
+// up to MaxBackoffs), and the ramp goes back to where it will start again
+// once the breaker closes: its first step, or, when the ceiling is at or
+// below the first step, the highest power of two below the ceiling. A ramp
+// that had stepped back and was still settling fell over because of the
+// ceiling it stepped back from: that ceiling stays. A collapse at a limit
+// of 1 remembers nothing (there is nothing below it) and is Restart.
+// The new step starts at clk.Now(); Rewind restarts it when the breaker
+// closes.
+func (r *Ramp) Collapse() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	failed := r.limit()
+	if r.settling && r.ceiling > failed {
+		failed = r.ceiling
+	}
+	if len(r.steps) == 0 || failed <= 1 {
+		r.restart()
+		return
+	}
+	backoffs := min(r.backoffs+1, MaxBackoffs)
+	r.restart()
+	r.ceiling, r.backoffs = failed, backoffs
+	if failed <= r.steps[0] {
+		r.below = 1
+		for r.below*2 < failed {
+			r.below *= 2
+		}
+	}
+}
+
+// Rewind starts the current step again at clk.Now(), not Settling: for a
+// breaker that closes after a Collapse, whose position and ceiling the
+// ramp kept through the outage.
+func (r *Ramp) Rewind() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.started = r.clk.Now()
+	r.settling = false
+}
+
+// Skip moves to full capacity (the last step) at clk.Now() and forgets the
+// ceiling: for a breaker that closes after an outage shorter than
+// Schedule.WarmFor.
+func (r *Ramp) Skip() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.restart()
+	r.step = max(len(r.steps)-1, 0)
+}
+
 // Hold is how long the current step must last, clean, before Advance moves
 // up: StepDuration, or, below the ceiling when the next limit is at or above
 // it (a limit that failed), StepDuration × 2^Backoffs.
@@ -389,7 +458,43 @@ func (r *Ramp) Snapshot() Snapshot {
 func (r *Ramp) Restart() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.restart()
+}
+
+func (r *Ramp) restart() {
 	r.step = 0
 	r.started = r.clk.Now()
 	r.below, r.ceiling, r.backoffs, r.settling = 0, 0, 0, false
+}
+
+// Drain forecasts how long a backlog takes to drain from the moment the ramp
+// starts at its first step (skip: at full capacity), climbing one step per
+// StepDuration with no step back: a fluid model in which each step serves
+// rate(step) calls a second, new work arrives at arrivals a second, and the
+// last step serves rate(capacity) until the backlog is gone. The backlog
+// may drain during the climb; a step serving less than arrivals makes it
+// grow. It reports false when the last step cannot outpace arrivals.
+//
+// It assumes the dependency serves every step in full. A dependency that is
+// still cold when the ramp reaches a limit it cannot serve makes the ramp
+// step back or the breaker reopen, and the drain takes longer: the forecast
+// is then a lower bound.
+func (s Schedule) Drain(backlog, arrivals float64, skip bool, capacity int64, rate func(limit int64) float64) (float64, bool) {
+	elapsed := 0.0
+	if !skip {
+		for i := 0; i+1 < len(s.Steps); i++ {
+			spare := rate(s.Steps[i]) - arrivals
+			d := s.StepDuration.Seconds()
+			if spare > 0 && backlog <= spare*d {
+				return elapsed + backlog/spare, true
+			}
+			backlog -= spare * d
+			elapsed += d
+		}
+	}
+	spare := rate(capacity) - arrivals
+	if spare <= 0 {
+		return 0, false
+	}
+	return elapsed + max(backlog, 0)/spare, true
 }

@@ -106,7 +106,7 @@ func TestConformanceWithScripts(t *testing.T) {
 
 	clk := &virtualClock{}
 	cnt := newCounters(len(steps) + 2)
-	ctl := newController(p, clk.Now())
+	ctl := newController(p, clk.Now(), 0)
 	scripts := &scriptSide{t: t, ctx: ctx, pc: pc, p: p, base: base}
 	var inFlightSim int64
 	var inFlightRedis []protocol.Admission

@@ -29,13 +29,17 @@ type controller struct {
 	// running are the jobs of the current epoch's probes still in flight:
 	// a probe's outcome counts when its job is here as it ends.
 	running []int32
+	// callDur is how long a success takes: the workers time every call, so
+	// each success in the window is a timed one of callDur (release.lua's
+	// ds and dn).
+	callDur time.Duration
 }
 
 // newController starts Closed with the ramp done, as a policy never
 // evaluated (control.Restore), and publishes the first plan at now: the
 // fleet is at full capacity before the outage.
-func newController(params policy.Params, now time.Time) *controller {
-	c := &controller{params: params, pub: control.Restore(params, "", 0, time.Time{}, now)}
+func newController(params policy.Params, now time.Time, callDur time.Duration) *controller {
+	c := &controller{params: params, pub: control.Restore(params, "", 0, time.Time{}, now), callDur: callDur}
 	c.publish(control.Plan(control.Input{Params: params, Previous: c.pub, Now: now}).Next)
 	return c
 }
@@ -48,6 +52,7 @@ func newController(params policy.Params, now time.Time) *controller {
 func (c *controller) evaluate(cnt *counters, now time.Time) (closed, opened bool) {
 	from := control.WindowStart(c.params, c.pub, now).Add(-time.Second)
 	window := cnt.window(now, c.params.Breaker.Window, from)
+	window.TimedSuccesses, window.SuccessMicros = window.Successes, window.Successes*c.callDur.Microseconds()
 	out := control.Plan(control.Input{Params: c.params, Previous: c.pub, Window: window, Probes: c.probes, Now: now})
 	c.publish(out.Next)
 	for _, t := range out.Transitions {
@@ -112,6 +117,10 @@ func (c *controller) released(job int32, probe, ok bool) {
 		c.probes.Failures++
 	}
 }
+
+// rate is the published fleet-wide rate limit (control.RateBound), 0 for
+// none.
+func (c *controller) rate() int64 { return c.pub.RatePerSecond }
 
 // limit is the published fleet-wide concurrency limit.
 func (c *controller) limit() int64 { return c.pub.Limit }

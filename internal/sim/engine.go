@@ -8,6 +8,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/control"
 	"github.com/spillway-dev/spillway/internal/policy"
 	"github.com/spillway-dev/spillway/pkg/retry"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // never is a time after every event.
@@ -103,7 +104,12 @@ type engine struct {
 	counters         counters
 	drain            drainTracker
 	closedAfterT1    time.Duration
-	recovery         Backlog
+	// skippedRamp is whether the breaker's first close after T1 went
+	// straight to full capacity (ramp.warmFor); rampFailed whether the ramp
+	// stepped back or the breaker reopened after it, which makes the
+	// forecast a lower bound.
+	skippedRamp, rampFailed bool
+	recovery                Backlog
 }
 
 // newEngine prepares a run; the scenario must be defaulted and valid.
@@ -138,7 +144,7 @@ func newEngine(sc *Scenario, params policy.Params, p Policy) *engine {
 	e.jobs = make([]job, 0, int(expected))
 	e.prepareClasses()
 	if e.mech.controlled {
-		e.ctl = newController(params, e.clock.Now())
+		e.ctl = newController(params, e.clock.Now(), e.callDur)
 	}
 	e.nextArrival = e.interarrival()
 	return e
@@ -319,14 +325,16 @@ func (e *engine) admit() bool {
 	if !e.mech.capped {
 		return true
 	}
+	rate := e.params.RatePerSecond
 	if e.ctl != nil {
 		if !e.ctl.allows(e.busy) {
 			return false
 		}
+		rate = e.ctl.rate()
 	} else if e.busy >= e.limit {
 		return false
 	}
-	return e.params.RatePerSecond == 0 || e.counters.startsThisSecond < e.params.RatePerSecond
+	return rate == 0 || e.counters.startsThisSecond < rate
 }
 
 // startCall makes one call to the dependency; probe says that the controller
@@ -479,6 +487,9 @@ func (e *engine) control() {
 	now := e.clock.now
 	if closed && now >= e.t1 && e.closedAfterT1 < 0 {
 		e.closedAfterT1 = now
+		e.skippedRamp = e.ctl.pub.State == wire.Closed
+	} else if e.closedAfterT1 >= 0 && (e.ctl.pub.RampCeiling > 0 || e.ctl.pub.State == wire.Open) {
+		e.rampFailed = true
 	}
 	if opened {
 		e.workers.pinAtOutage()

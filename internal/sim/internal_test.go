@@ -169,7 +169,7 @@ func TestControllerLimits(t *testing.T) {
 	}
 	clk := &virtualClock{}
 	cnt := newCounters(1000)
-	c := newController(params, clk.Now())
+	c := newController(params, clk.Now(), 0)
 	var limits []int64
 	// step reports ok and failed calls, each started under the published
 	// state (a probe while HalfOpen), then evaluates a second later.
@@ -216,7 +216,7 @@ func TestControllerProbes(t *testing.T) {
 	open := params.Breaker.OpenDuration
 	clk := &virtualClock{}
 	cnt := newCounters(1000)
-	c := newController(params, clk.Now())
+	c := newController(params, clk.Now(), 0)
 	tick := func(d time.Duration) {
 		for range int(d / time.Second) {
 			clk.now += time.Second

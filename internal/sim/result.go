@@ -94,7 +94,10 @@ type Series struct {
 
 // Prediction is the drain-time forecast of the seed, "backlog /
 // (throughput at the cap − new arrivals)", extended with what the breaker
-// and the ramp hold back:
+// and the ramp hold back: Shut, then the ramp's climb step by step
+// (ramp.Schedule.Drain, a fluid model in which the backlog can drain before
+// the last step), or no climb at all when the breaker closed within
+// ramp.warmFor. When the backlog outlasts the climb it is
 //
 //	Seconds = Shut + (Backlog + Arrivals×Shut + Withheld) / (Throughput − Arrivals)
 type Prediction struct {
@@ -119,6 +122,17 @@ type Prediction struct {
 	// Seconds is the forecast; nil when Throughput <= Arrivals or the
 	// breaker never closed.
 	Seconds *float64
+	// AtLeast says that Seconds is a lower bound: after the breaker closed,
+	// the ramp stepped back or the breaker reopened, so the dependency
+	// served less than the policy's capacity (a cold start the policy does
+	// not know about) for a time the forecast cannot know. Seconds assumes
+	// it served its capacity from the step where the ramp failed on.
+	AtLeast bool `json:"at_least,omitempty"`
+	// From, when set, makes the forecast the range [From, Seconds]: with
+	// ramp.earlyClimb a step its calls prove clean climbs before its
+	// stepDuration, so the drain lies between that of no climb (From) and
+	// that of the whole schedule (Seconds).
+	From *float64 `json:"from,omitempty"`
 }
 
 // predict fills in the forecast for the run.
@@ -148,8 +162,35 @@ func (e *engine) predict() Prediction {
 	if pr.Throughput <= pr.Arrivals {
 		return pr
 	}
-	s := pr.Shut + (pr.Backlog+pr.Arrivals*pr.Shut+pr.Withheld)/(pr.Throughput-pr.Arrivals)
-	pr.Seconds = ptr(round(s, 1))
+	sched := e.params.Ramp
+	skip := e.ctl == nil || e.skippedRamp
+	if skip {
+		pr.Withheld = 0
+	}
+	rate := func(limit int64) float64 {
+		r := float64(limit) / e.callDur.Seconds()
+		if e.mech.capped && e.params.RatePerSecond > 0 {
+			r = min(r, float64(e.params.RatePerSecond))
+		}
+		return r
+	}
+	drain, ok := sched.Drain(pr.Backlog+pr.Arrivals*pr.Shut, pr.Arrivals, skip, concurrency, rate)
+	if !ok {
+		return pr
+	}
+	pr.Seconds = ptr(round(pr.Shut+drain, 1))
+	pr.AtLeast = e.rampFailed
+	if !skip && sched.EarlyClimb {
+		// A step proven clean climbs early: anywhere from no climb at all
+		// to the whole schedule, or, once the ramp failed, at least no
+		// climb at all.
+		low, _ := sched.Drain(pr.Backlog+pr.Arrivals*pr.Shut, pr.Arrivals, true, concurrency, rate)
+		if pr.AtLeast {
+			pr.Seconds = ptr(round(pr.Shut+low, 1))
+		} else {
+			pr.From = ptr(round(pr.Shut+low, 1))
+		}
+	}
 	return pr
 }
 

@@ -18,8 +18,12 @@ var hindsight = map[string]struct {
 }{
 	"cold-small": {steps: []int32{1, 2}, step: "3m", factor: 1.1},
 	"cold-tenth": {steps: []int32{4, 40}, step: "2m30s", factor: 1.1},
-	"cold-step":  {steps: []int32{6, 20}, step: "1m", factor: 2.0},
+	"cold-step":  {steps: []int32{6, 20}, step: "1m", factor: 2.3},
 }
+
+// early is, for the same scenarios, the factor within which the ramp drains
+// with ramp.earlyClimb on.
+var early = map[string]float64{"cold-small": 1.1, "cold-tenth": 1.1, "cold-step": 1.6}
 
 // TestColdStartScenarios checks issue 13's claims on the ramp's failure
 // class: a fixed schedule (stepBack Never, the ramp before the rule) brings
@@ -55,7 +59,15 @@ func TestColdStartScenarios(t *testing.T) {
 			if got, limit := *r.DrainSeconds, best.factor**hs.DrainSeconds; got > limit {
 				t.Errorf("spillway drained in %vs, more than %v x the hindsight schedule's %vs", got, best.factor, *hs.DrainSeconds)
 			}
-			t.Logf("spillway %vs, fixed schedule %d second outages, hindsight %vs", *r.DrainSeconds, fixed.SecondOutages, *hs.DrainSeconds)
+			fast := runWith(t, name, func(spec *v1alpha1.DependencyPolicySpec) { spec.Ramp.EarlyClimb = true })
+			if fast.SecondOutages != 0 || fast.PeakOverCapacity > 1 || fast.Lost != 0 || fast.DrainSeconds == nil {
+				t.Fatalf("earlyClimb: second outages %d, peak %v, lost %d, drain %v; want 0, <= 1, 0, drained",
+					fast.SecondOutages, fast.PeakOverCapacity, fast.Lost, fast.DrainSeconds)
+			}
+			if got, limit := *fast.DrainSeconds, early[name]**hs.DrainSeconds; got > limit {
+				t.Errorf("earlyClimb drained in %vs, more than %v x the hindsight schedule's %vs", got, early[name], *hs.DrainSeconds)
+			}
+			t.Logf("spillway %vs, with earlyClimb %vs, fixed schedule %d second outages, hindsight %vs", *r.DrainSeconds, *fast.DrainSeconds, fixed.SecondOutages, *hs.DrainSeconds)
 		})
 	}
 }

@@ -33,6 +33,9 @@ type Permit struct {
 	expires time.Time
 	// endOfLife is when the Permit stops renewing (MaxCallLifetime).
 	endOfLife time.Time
+	// admitted is when the admission's reply arrived: release reports the
+	// time since as the call's duration.
+	admitted time.Time
 }
 
 func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission, sent time.Time) *Permit {
@@ -40,6 +43,7 @@ func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission, 
 		g: g, job: job, parent: ctx, member: adm.Member, limit: adm.Limit,
 		expires:   sent.Add(g.opts.LeaseTTL),
 		endOfLife: sent.Add(g.opts.MaxCallLifetime),
+		admitted:  time.Now(),
 	}
 	if adm.State == wire.HalfOpen {
 		p.probeEpoch = adm.Epoch // only probes are checked against the epoch
@@ -219,7 +223,7 @@ func (p *Permit) release(outcome protocol.Outcome) {
 		return
 	}
 	ctx, cancel := g.redisContext(context.WithoutCancel(p.ctx))
-	_, err := g.proto.Release(ctx, p.member, p.probeEpoch, outcome, p.job.attempt())
+	_, err := g.proto.ReleaseTimed(ctx, p.member, p.probeEpoch, outcome, p.job.attempt(), time.Since(p.admitted))
 	cancel()
 	if err != nil {
 		// A renewal whose reply was lost may have run, so the lease may

@@ -249,17 +249,32 @@ func (c *Client) Renew(ctx context.Context, member string, ttl time.Duration) (b
 // already removed it as expired. A lease that expired but was not swept yet
 // reads true; whether a lease was lost is renew's answer, not release's.
 func (c *Client) Release(ctx context.Context, member string, epoch int64, outcome Outcome, attempt int) (bool, error) {
+	return c.ReleaseTimed(ctx, member, epoch, outcome, attempt, -1)
+}
+
+// ReleaseTimed is Release that also reports how long the call took (took
+// >= 0; negative: not timed). A success's duration goes into the window's
+// success latency (Window.MeanSuccessLatency), from which the controller
+// bounds the rate of a ramp step.
+func (c *Client) ReleaseTimed(ctx context.Context, member string, epoch int64, outcome Outcome, attempt int, took time.Duration) (bool, error) {
 	if !outcome.Valid() {
 		return false, fmt.Errorf("outcome must be s, f, t or c, got %q", outcome)
 	}
 	if attempt < 1 {
 		return false, fmt.Errorf("attempt must be at least 1, got %d", attempt)
 	}
+	args := []any{member, string(outcome), attempt}
+	if took >= 0 || epoch != 0 {
+		args = append(args, epoch)
+	}
+	if took >= 0 {
+		args = append(args, took.Microseconds())
+	}
 	var cmd *redis.Cmd
 	if epoch != 0 {
-		cmd = releaseScript.Run(ctx, c.rdb, c.probeKeys, member, string(outcome), attempt, epoch)
+		cmd = releaseScript.Run(ctx, c.rdb, c.probeKeys, args...)
 	} else {
-		cmd = releaseScript.Run(ctx, c.rdb, c.releaseKeys, member, string(outcome), attempt)
+		cmd = releaseScript.Run(ctx, c.rdb, c.releaseKeys, args...)
 	}
 	n, err := cmd.Int64()
 	if err != nil {

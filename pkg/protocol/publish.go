@@ -65,6 +65,17 @@ type Published struct {
 	// (a first publication, or a tool that read nothing).
 	Seq int64
 
+	// OutageSince is when the breaker last opened from Closed or Ramping:
+	// the start of the outage it is in, kept through Open and HalfOpen, for
+	// the ramp's warmFor. Workers do not read it.
+	OutageSince time.Time
+	// SuccessLatency is the dependency's mean success latency as the workers
+	// last reported it (Window.MeanSuccessLatency), kept between windows
+	// that time too few successes; 0 is unknown. The controller bounds the
+	// call rate of a ramp step with it (control.RateBound). Workers do not
+	// read it.
+	SuccessLatency time.Duration
+
 	// UpdatedAt is when Redis stored this state (Redis time); read only.
 	UpdatedAt time.Time
 }
@@ -144,6 +155,8 @@ func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
 		"ctrl_ramp_settling", boolInt(p.RampSettling),
 		"half_open_probes", p.HalfOpenProbes,
 		"stale_after_ms", p.StaleAfter.Milliseconds(),
+		"ctrl_outage_since_ms", millis(p.OutageSince),
+		"ctrl_success_latency_us", p.SuccessLatency.Microseconds(),
 	}
 	res, err := publishScript.Run(ctx, c.rdb, c.publishKeys, args...).Slice()
 	if err != nil {
@@ -243,6 +256,8 @@ func (c *Client) parsePublished(m map[string]string) (Published, bool, error) {
 		RampSettling:    num("ctrl_ramp_settling") == 1,
 		HalfOpenProbes:  num("half_open_probes"),
 		StaleAfter:      ms("stale_after_ms"),
+		OutageSince:     fromMillis(num("ctrl_outage_since_ms")),
+		SuccessLatency:  time.Duration(num("ctrl_success_latency_us")) * time.Microsecond,
 		Seq:             num("seq"),
 		UpdatedAt:       fromMillis(num("updated_at_ms")),
 	}, true, nil
@@ -259,6 +274,23 @@ type Window struct {
 	// RetriesGranted and BudgetRefused are the retry budget's decisions.
 	RetriesGranted int64
 	BudgetRefused  int64
+	// TimedSuccesses are the successes whose release said how long they
+	// took, and SuccessMicros the sum of those durations in microseconds.
+	TimedSuccesses int64
+	SuccessMicros  int64
+}
+
+// MinTimedSuccesses is the fewest timed successes MeanSuccessLatency
+// measures from.
+const MinTimedSuccesses = 10
+
+// MeanSuccessLatency is the mean duration of the timed successes, at least
+// a microsecond; 0 when fewer than MinTimedSuccesses were timed.
+func (w Window) MeanSuccessLatency() time.Duration {
+	if w.TimedSuccesses < MinTimedSuccesses {
+		return 0
+	}
+	return max(time.Microsecond, time.Duration(w.SuccessMicros/w.TimedSuccesses)*time.Microsecond)
 }
 
 // Retries is the number of calls that were retries (attempt 2 or more).
@@ -281,7 +313,7 @@ func (c *Client) ReadWindow(ctx context.Context, length time.Duration, from time
 	if err != nil {
 		return Window{}, Probes{}, time.Time{}, fmt.Errorf("failed to read the window of %s: %w", c.dep, err)
 	}
-	if len(res) != 14 {
+	if len(res) != 16 {
 		return Window{}, Probes{}, time.Time{}, fmt.Errorf("unexpected window reply %v", res)
 	}
 	w := Window{
@@ -292,8 +324,10 @@ func (c *Client) ReadWindow(ctx context.Context, length time.Duration, from time
 		ByAttempt:      [4]int64{res[5], res[6], res[7], res[8]},
 		RetriesGranted: res[9],
 		BudgetRefused:  res[10],
+		SuccessMicros:  res[11],
+		TimedSuccesses: res[12],
 	}
-	p := Probes{Successes: res[11], Failures: res[12], Timeouts: res[13]}
+	p := Probes{Successes: res[13], Failures: res[14], Timeouts: res[15]}
 	return w, p, time.UnixMilli(res[0]), nil
 }
 

@@ -43,6 +43,8 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 			RampSettling:    true,
 			HalfOpenProbes:  4,
 			StaleAfter:      45500 * time.Millisecond,
+			OutageSince:     base.Add(-90 * time.Second),
+			SuccessLatency:  1234 * time.Microsecond,
 		}
 		at, err := c.Publish(ctx, want)
 		if err != nil {
@@ -92,8 +94,8 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 				t.Errorf("state field %s = %q, want %q", field, m[field], v)
 			}
 		}
-		if len(m) != 28 {
-			t.Errorf("state hash has %d fields, want 28: %v", len(m), m)
+		if len(m) != 30 {
+			t.Errorf("state hash has %d fields, want 30: %v", len(m), m)
 		}
 
 		// Zero times and rates survive as zero.

@@ -682,3 +682,44 @@ func TestStatsPruningFarBehind(t *testing.T) {
 		}
 	})
 }
+
+// TestReleaseTimesSuccesses: a release that says how long its call took adds
+// a success's duration to the window's success latency; failures, untimed
+// releases and probes' epochs do not disturb it.
+func TestReleaseTimesSuccesses(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		mustPublish(t, c, policy(10))
+		for _, r := range []struct {
+			o    protocol.Outcome
+			took time.Duration
+		}{
+			{protocol.Success, 100 * time.Millisecond}, {protocol.Success, 200 * time.Millisecond},
+			{protocol.Success, 300 * time.Millisecond}, {protocol.Failure, 5 * time.Millisecond},
+			{protocol.Success, -1}, {protocol.Timeout, time.Second},
+		} {
+			a := mustAdmit(t, c, 10*time.Second)
+			if _, err := c.ReleaseTimed(ctxT(t), a.Member, 0, r.o, 1, r.took); err != nil {
+				t.Fatalf("ReleaseTimed: %v", err)
+			}
+		}
+		w, _ := mustWindow(t, c, time.Minute, time.Time{})
+		if w.Successes != 4 || w.TimedSuccesses != 3 || w.SuccessMicros != 600_000 || w.Calls != 6 {
+			t.Errorf("window = %+v, want 4 successes, 3 of them timed for 600000 µs, 6 calls", w)
+		}
+		if got := w.MeanSuccessLatency(); got != 0 {
+			t.Errorf("MeanSuccessLatency() = %v from 3 timed successes, want 0 (unknown below %d)", got, protocol.MinTimedSuccesses)
+		}
+		for range protocol.MinTimedSuccesses {
+			a := mustAdmit(t, c, 10*time.Second)
+			if _, err := c.ReleaseTimed(ctxT(t), a.Member, 0, protocol.Success, 1, 200*time.Millisecond); err != nil {
+				t.Fatalf("ReleaseTimed: %v", err)
+			}
+		}
+		w, _ = mustWindow(t, c, time.Minute, time.Time{})
+		if got := w.MeanSuccessLatency(); got != 200*time.Millisecond {
+			t.Errorf("MeanSuccessLatency() = %v, want 200ms", got)
+		}
+	})
+}

@@ -279,6 +279,7 @@ class Permit:
         self._done = False
         self._expires = sent + guard.lease_ttl
         self._end_of_life = sent + guard.max_call_lifetime
+        self._admitted = time.monotonic()  # release reports the time since as the call's duration
         if not local:
             guard._renewer.schedule(min(sent + guard.lease_ttl / 3, self._end_of_life), self)
 
@@ -397,7 +398,8 @@ class Permit:
             g._local.release()
             return
         try:
-            g.proto.release(self.member, outcome, self.attempt, self._probe_epoch, timeout=g.redis_timeout)
+            g.proto.release(self.member, outcome, self.attempt, self._probe_epoch, timeout=g.redis_timeout,
+                            took=time.monotonic() - self._admitted)
         except BaseException as e:
             # It may not have run: the lease lasts at most a TTL from now.
             g._forget.add(self.member, time.monotonic() + g.lease_ttl)

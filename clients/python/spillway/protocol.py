@@ -312,17 +312,22 @@ class Client:
         return _int(self.run(SCRIPTS["renew"], [self.keys.leases], [member, int(ttl_ms)], timeout)) == 1
 
     def release(self, member: str, outcome: str, attempt: int, epoch: int = 0,
-                timeout: Optional[float] = None) -> bool:
+                timeout: Optional[float] = None, took: Optional[float] = None) -> bool:
         """Free member ('' for none) and report the outcome; epoch only for a
-        call admitted HalfOpen (a probe), 0 otherwise."""
+        call admitted HalfOpen (a probe), 0 otherwise. took, in seconds, is
+        how long the call took: a success's goes into the window's success
+        latency, from which the controller bounds a ramp step's call rate."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be s, f, t or c, got {outcome!r}")
         if attempt < 1:
             raise ValueError(f"attempt must be at least 1, got {attempt}")
-        if epoch:
-            res = self.run(SCRIPTS["release"], self._probe_keys, [member, outcome, int(attempt), int(epoch)], timeout)
-        else:
-            res = self.run(SCRIPTS["release"], self._release_keys, [member, outcome, int(attempt)], timeout)
+        args = [member, outcome, int(attempt)]
+        if epoch or took is not None:
+            args.append(int(epoch))
+        if took is not None:
+            args.append(max(0, int(took * 1_000_000)))
+        keys = self._probe_keys if epoch else self._release_keys
+        res = self.run(SCRIPTS["release"], keys, args, timeout)
         return _int(res) == 1
 
     def forget(self, member: str, timeout: Optional[float] = None) -> None:

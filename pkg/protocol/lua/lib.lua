@@ -14,10 +14,11 @@ local function now_us()
 end
 
 -- The per-second counters: successes, failures, timeouts, calls by attempt
--- (1, 2, 3, 4 or more), retries granted and refused by the budget. Calls are
--- s + f + t.
+-- (1, 2, 3, 4 or more), retries granted and refused by the budget, and the
+-- summed duration in microseconds (ds) of the successes whose release said
+-- how long they took (dn). Calls are s + f + t.
 local function suffixes()
-  return {'s', 'f', 't', 'a1', 'a2', 'a3', 'a4', 'g', 'b'}
+  return {'s', 'f', 't', 'a1', 'a2', 'a3', 'a4', 'g', 'b', 'ds', 'dn'}
 end
 
 -- Sums the counters named by names over the seconds (from_s, to_s], reading

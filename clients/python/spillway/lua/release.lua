@@ -2,7 +2,10 @@
 -- KEYS[1] leases  KEYS[2] stats  [KEYS[3] state  KEYS[4] probes]
 -- ARGV[1] member (or '' for a call admitted without a lease)  ARGV[2] outcome
 -- s|f|t|c  ARGV[3] attempt (>= 1)  [ARGV[4] the epoch that admitted the call,
--- for a call admitted HalfOpen: only probes pass KEYS[3], KEYS[4] and ARGV[4]]
+-- for a call admitted HalfOpen (0 otherwise): only probes pass KEYS[3],
+-- KEYS[4] and a non-zero ARGV[4]]  [ARGV[5] how long the call took, in
+-- microseconds: a success's is summed (ds) and counted (dn), so the controller
+-- knows the dependency's success latency; absent or negative: not timed]
 -- Returns 1 when the member was removed, 0 when it was no longer there.
 local t = redis.call('TIME')
 local removed = 0
@@ -33,5 +36,10 @@ local p = t[1] .. ':'
 -- hash stays bounded when no controller reads it (lib.lua keep_stats).
 if redis.call('HINCRBY', KEYS[2], p .. ARGV[2], 1) == 1 then keep_stats(KEYS[2], tonumber(t[1])) end
 redis.call('HINCRBY', KEYS[2], p .. 'a' .. attempt, 1)
+local took = tonumber(ARGV[5])
+if ARGV[2] == 's' and took and took >= 0 then
+  redis.call('HINCRBY', KEYS[2], p .. 'ds', math.floor(took))
+  redis.call('HINCRBY', KEYS[2], p .. 'dn', 1)
+end
 if probe then redis.call('HINCRBY', KEYS[4], ARGV[2], 1) end
 return removed

@@ -3,7 +3,8 @@
 -- KEYS[1] state  KEYS[2] stats  KEYS[3] probes  KEYS[4] leases
 -- ARGV[1] window seconds  ARGV[2] count only seconds after this unix second
 -- Returns {now ms, calls, successes, failures, timeouts, a1, a2, a3, a4,
--- retries granted, budget refusals, probe successes, probe failures, probe timeouts}.
+-- retries granted, budget refusals, timed successes' summed microseconds,
+-- timed successes, probe successes, probe failures, probe timeouts}.
 local now = now_us()
 local now_s = math.floor(now / 1000000)
 local length = math.floor(tonumber(ARGV[1]))
