@@ -22,8 +22,15 @@ import (
 // context's timer has run): the caller's own doing, not a refusal, not a
 // Redis error, and never a FailOpenLimit admission. With WaitForSlot, a
 // deadline that ends the wait for a slot returns the refusal being waited
-// out.
+// out. The Permit renews its lease for at most Options.MaxCallLifetime.
 func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
+	return g.acquire(ctx, job, true)
+}
+
+// acquire is Acquire; bounded limits the Permit's renewals to
+// MaxCallLifetime, for a Permit whose holder may never end it. Do ends every
+// Permit it takes, so its Permits renew for as long as the call runs.
+func (g *Guard) acquire(ctx context.Context, job Job, bounded bool) (*Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -65,13 +72,13 @@ func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
 			// The caller gave up while Redis answered (go-redis reads on
 			// until the deadline, not the cancel): a slot goes back at once.
 			if refusal == nil {
-				g.newPermit(ctx, job, adm, sent).abandon()
+				g.newPermit(ctx, job, adm, sent, bounded).abandon()
 			}
 			return nil, ctx.Err()
 		}
 		if refusal == nil {
 			g.metrics.slotWait.Observe(time.Since(start).Seconds())
-			return g.newPermit(ctx, job, adm, sent), nil
+			return g.newPermit(ctx, job, adm, sent, bounded), nil
 		}
 		if !g.opts.WaitForSlot || refusal.Action != ActionDefer || refusal.Reason == ErrOpen {
 			g.count(refusal)

@@ -81,11 +81,14 @@ type Options struct {
 	// read is forgotten the same way. An admission that arrives after the
 	// caller cancelled is released at once.
 	RedisTimeout time.Duration
-	// MaxCallLifetime bounds how long a Permit renews its lease: a holder
-	// that never calls Done (a leaked Permit) keeps its slot at most
-	// MaxCallLifetime plus LeaseTTL. At MaxCallLifetime the Permit's
-	// context is cancelled with ErrLifetimeExceeded and a call that ends
-	// with an error then counts as a timeout. Default 10m.
+	// MaxCallLifetime bounds how long a Permit from Acquire renews its
+	// lease: a holder that never calls Done (a leaked Permit) keeps its slot
+	// at most MaxCallLifetime plus LeaseTTL. At MaxCallLifetime the Permit's
+	// context is cancelled with ErrLifetimeExceeded, and the call, cut by
+	// the guard and not by the dependency, counts as cancelled: no failure,
+	// no timeout, no retry budget. It does not apply to calls under Do,
+	// which ends every call it starts: they renew for as long as they run.
+	// Default 10m.
 	MaxCallLifetime time.Duration
 	// WaitForSlot makes Acquire wait, bounded by its context and MaxWait, when
 	// every slot is held or the rate is reached, instead of returning an
@@ -287,7 +290,7 @@ func (g *Guard) Do(ctx context.Context, job Job, fn func(context.Context) error)
 	if fn == nil {
 		return errors.New("function must not be nil")
 	}
-	p, err := g.Acquire(ctx, job)
+	p, err := g.acquire(ctx, job, false) // Do ends the Permit: no lifetime
 	if err != nil {
 		return err
 	}
@@ -311,18 +314,6 @@ func (g *Guard) Supersede(ctx context.Context, key string, version int64) error 
 		return err
 	}
 	return nil
-}
-
-// Classify is the default outcome classifier.
-func Classify(err error) protocol.Outcome {
-	var p *permanentError
-	switch {
-	case err == nil, errors.As(err, &p):
-		return protocol.Success
-	case errors.Is(err, context.DeadlineExceeded):
-		return protocol.Timeout
-	}
-	return protocol.Failure
 }
 
 // lockedRand makes a caller's seeded source safe for concurrent use.
