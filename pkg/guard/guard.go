@@ -254,10 +254,12 @@ func checkClient(rdb redis.UniversalClient) error {
 }
 
 // Close stops the guard's background work: the forgetting of leases whose
-// reply was never read (see Options.RedisTimeout). Leases it had not
-// forgotten yet expire with their TTL. Permits already admitted keep renewing
-// until Done. Call it when the guard is no longer used; it is safe to call
-// more than once.
+// reply was never read (see Options.RedisTimeout). It first makes one
+// attempt to forget each lease still waiting, for at most 1s (a round trip
+// each while Redis answers); those it could not forget expire with their
+// TTL. Permits already admitted keep renewing until Done. Call it when the
+// guard is no longer used, before the process exits; it is safe to call more
+// than once.
 func (g *Guard) Close() {
 	g.forget.close()
 }
