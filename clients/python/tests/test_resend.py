@@ -158,16 +158,32 @@ def test_redis_py_resends_are_counted_once(rdb, dep, proxy):
         r.close()
 
 
-def test_the_guard_on_a_retrying_client_holds_no_ghost_and_counts_once(rdb, dep, proxy):
+class NoPool:
+    """A client whose sockets the guard cannot reach (no connection_pool, as
+    with a wrapper or a cluster client): the guard calls its evalsha, so
+    redis-py's own retries resend the script."""
+
+    def __init__(self, r: redis.Redis):
+        self._r = r
+
+    def __getattr__(self, name):
+        if name == "connection_pool":
+            raise AttributeError(name)
+        return getattr(self._r, name)
+
+
+@pytest.mark.parametrize("wrap", [lambda r: r, NoPool], ids=["redis.Redis", "no pool: redis-py resends"])
+def test_the_guard_on_a_retrying_client_holds_no_ghost_and_counts_once(rdb, dep, proxy, wrap):
     """The guard given a client with retry settings: a lost acquire reply
     leaves no lease held by nobody 1 s later, and five failing calls whose
     release replies were lost add exactly five failures, however the client
-    handles the loss (resend, or an unread reply the guard forgets)."""
+    handles the loss (redis-py's resend, or an unread reply the guard
+    forgets)."""
     publish(rdb, dep, limit=1)
     load_scripts(rdb)
     direct = P.Client(rdb, dep)
     r = retrying_client(proxy.port)
-    g = Guard(r, dep, registry=None)
+    g = Guard(wrap(r), dep, registry=None)
     try:
         proxy.arm("acquire", 1)
         try:
