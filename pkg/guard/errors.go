@@ -16,7 +16,7 @@ const (
 	// ActionDefer: the call was not made, or was cut short by a
 	// cancellation that counted nothing, and no attempt was consumed; run
 	// the job again after After (throttled, rate limited, breaker open,
-	// Redis unavailable, cancelled, lease lost).
+	// Redis unavailable, cancelled, lease lost, lifetime exceeded).
 	ActionDefer Action = iota + 1
 	// ActionRetry: the call failed and the retry budget allows a retry after
 	// After; the next run is attempt + 1.
@@ -71,8 +71,9 @@ var (
 	// ErrCancelled: the call was cut short by its caller's cancellation (a
 	// shutdown, say); it counted nothing against the dependency.
 	ErrCancelled = errors.New("cancelled: the caller cancelled the call")
-	// ErrLifetimeExceeded: the call ran past Options.MaxCallLifetime; its
-	// Permit stopped renewing the lease and cancelled its context.
+	// ErrLifetimeExceeded: a call on a Permit from Acquire ran past
+	// Options.MaxCallLifetime; its Permit stopped renewing the lease and
+	// cancelled its context. The cut counted nothing against the dependency.
 	ErrLifetimeExceeded = errors.New("call lifetime exceeded: the permit stopped renewing its lease")
 )
 

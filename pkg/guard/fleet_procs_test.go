@@ -274,6 +274,7 @@ func fleetWorker(stdin io.Reader, stdout io.Writer) error {
 		})
 	}
 	wg.Wait()
+	g.Close() // as a worker shutting down does: forgets the leases still waiting
 	b, err := json.Marshal(total)
 	if err != nil {
 		return err
@@ -495,9 +496,10 @@ func (r fleetResult) String() string {
 // Issue 10: a fleet on defaults, on a loaded machine, uses its slots. Eight
 // processes of 64 goroutines contend for 40 slots, then 10, while another
 // process burns a core. In each phase the dependency sees the limit reached
-// and at least 30% of it in use on average (the ghost-lease defect left 9%;
-// a healthy fleet measures 0.5-0.9, and 0.46 was seen with the load average at
-// 20), and never more calls in flight than the limit that admitted them.
+// and at least half of it in use on average (the ghost-lease defect left 9%;
+// a healthy fleet measures 0.5-0.9), never more calls in flight than the
+// limit that admitted them, and once the workers have stopped no lease is
+// left held.
 func TestFleetOnDefaultsUsesItsSlotsUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for about 30 s")
@@ -511,8 +513,9 @@ func TestFleetOnDefaultsUsesItsSlotsUnderLoad(t *testing.T) {
 	g.Expect(res.overLimit).To(BeZero(), "no call saw more calls in flight than the limit that admitted it")
 	for i, p := range res.phases {
 		g.Expect(p.reached).To(BeNumerically(">=", 0), "phase %d: the fleet reaches the limit %d", i+1, p.limit)
-		g.Expect(p.mean).To(BeNumerically(">=", 0.3), "phase %d: mean utilisation of the limit %d", i+1, p.limit)
+		g.Expect(p.mean).To(BeNumerically(">=", 0.5), "phase %d: mean utilisation of the limit %d", i+1, p.limit)
 	}
+	g.Expect(res.leftover).To(BeZero(), "leases left held after every worker stopped")
 }
 
 // TestFleetSweep measures the fleet of TestFleetOnDefaultsUsesItsSlotsUnderLoad

@@ -22,6 +22,9 @@ const (
 	// off the call path, so they can wait for a slow Redis longer than an
 	// acquisition does.
 	forgetTimeoutMin = 250 * time.Millisecond
+	// forgetDrain bounds how long Close spends forgetting the leases still
+	// queued: one attempt each, a round trip each while Redis answers.
+	forgetDrain = time.Second
 )
 
 // unread is a lease that may be held in Redis though no call holds it: its
@@ -38,7 +41,9 @@ type unread struct {
 // protocol.Client.Forget for each in turn and retries with a capped backoff
 // while Redis does not answer. It gives a lease up once the lease has expired
 // by itself. It never blocks a caller: when its queue is full the lease is
-// left to expire. Guard.Close stops it.
+// left to expire. Guard.Close stops it, after one attempt for each lease
+// still queued, for at most forgetDrain: a worker that shuts down right
+// after a Redis blip leaves no slot held for the lease TTL.
 type forgetter struct {
 	proto   *protocol.Client
 	timeout time.Duration
@@ -51,6 +56,7 @@ type forgetter struct {
 	mu      sync.Mutex
 	started bool
 	closed  bool
+	drainBy time.Time // set by close
 }
 
 func newForgetter(proto *protocol.Client, redisTimeout time.Duration, m *metrics) *forgetter {
@@ -85,13 +91,15 @@ func (f *forgetter) add(u unread) {
 	}
 }
 
-// close stops the goroutine and waits for it; leases still queued expire
+// close stops the goroutine and waits for it, once it has tried to forget
+// each lease still queued (drain); the leases it could not forget expire
 // with their TTL.
 func (f *forgetter) close() {
 	f.mu.Lock()
 	started := f.started
 	if !f.closed {
 		f.closed = true
+		f.drainBy = time.Now().Add(forgetDrain)
 		close(f.stop)
 	}
 	f.mu.Unlock()
@@ -105,11 +113,62 @@ func (f *forgetter) run() {
 	for {
 		select {
 		case <-f.stop:
+			f.drain(nil)
 			return
 		case u := <-f.queue:
+			select {
+			case <-f.stop: // closed meanwhile: the drain's bound applies
+				f.drain(&u)
+				return
+			default:
+			}
 			if !f.forget(u) {
+				f.drain(&u)
 				return
 			}
+		}
+	}
+}
+
+// drain makes one attempt to forget first (the lease being retried when
+// close came, if any) and each lease still queued, until drainBy; the rest
+// are dropped to expire with their TTL.
+func (f *forgetter) drain(first *unread) {
+	f.mu.Lock()
+	by := f.drainBy
+	f.mu.Unlock()
+	try := func(u unread) {
+		switch {
+		case !time.Now().Before(u.expires):
+			f.metrics.unread(unreadExpired)
+			return
+		case !time.Now().Before(by):
+			f.metrics.unread(unreadDropped)
+			return
+		}
+		dl := time.Now().Add(f.timeout)
+		if by.Before(dl) {
+			dl = by
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), dl)
+		err := f.proto.Forget(ctx, u.member)
+		cancel()
+		if err != nil {
+			f.metrics.redisErrors.Inc()
+			f.metrics.unread(unreadDropped)
+			return
+		}
+		f.metrics.unread(unreadForgotten)
+	}
+	if first != nil {
+		try(*first)
+	}
+	for {
+		select {
+		case u := <-f.queue:
+			try(u)
+		default:
+			return
 		}
 	}
 }

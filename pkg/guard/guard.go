@@ -81,11 +81,14 @@ type Options struct {
 	// read is forgotten the same way. An admission that arrives after the
 	// caller cancelled is released at once.
 	RedisTimeout time.Duration
-	// MaxCallLifetime bounds how long a Permit renews its lease: a holder
-	// that never calls Done (a leaked Permit) keeps its slot at most
-	// MaxCallLifetime plus LeaseTTL. At MaxCallLifetime the Permit's
-	// context is cancelled with ErrLifetimeExceeded and a call that ends
-	// with an error then counts as a timeout. Default 10m.
+	// MaxCallLifetime bounds how long a Permit from Acquire renews its
+	// lease: a holder that never calls Done (a leaked Permit) keeps its slot
+	// at most MaxCallLifetime plus LeaseTTL. At MaxCallLifetime the Permit's
+	// context is cancelled with ErrLifetimeExceeded, and the call, cut by
+	// the guard and not by the dependency, counts as cancelled: no failure,
+	// no timeout, no retry budget. It does not apply to calls under Do,
+	// which ends every call it starts: they renew for as long as they run.
+	// Default 10m.
 	MaxCallLifetime time.Duration
 	// WaitForSlot makes Acquire wait, bounded by its context and MaxWait, when
 	// every slot is held or the rate is reached, instead of returning an
@@ -251,10 +254,12 @@ func checkClient(rdb redis.UniversalClient) error {
 }
 
 // Close stops the guard's background work: the forgetting of leases whose
-// reply was never read (see Options.RedisTimeout). Leases it had not
-// forgotten yet expire with their TTL. Permits already admitted keep renewing
-// until Done. Call it when the guard is no longer used; it is safe to call
-// more than once.
+// reply was never read (see Options.RedisTimeout). It first makes one
+// attempt to forget each lease still waiting, for at most 1s (a round trip
+// each while Redis answers); those it could not forget expire with their
+// TTL. Permits already admitted keep renewing until Done. Call it when the
+// guard is no longer used, before the process exits; it is safe to call more
+// than once.
 func (g *Guard) Close() {
 	g.forget.close()
 }
@@ -287,7 +292,7 @@ func (g *Guard) Do(ctx context.Context, job Job, fn func(context.Context) error)
 	if fn == nil {
 		return errors.New("function must not be nil")
 	}
-	p, err := g.Acquire(ctx, job)
+	p, err := g.acquire(ctx, job, false) // Do ends the Permit: no lifetime
 	if err != nil {
 		return err
 	}
@@ -311,262 +316,6 @@ func (g *Guard) Supersede(ctx context.Context, key string, version int64) error 
 		return err
 	}
 	return nil
-}
-
-// Acquire admits one call or refuses it. On admission the caller must call
-// Done on the Permit exactly once, with the call's error. When ctx is
-// cancelled or its deadline passes before an answer, Acquire returns
-// ctx.Err() (context.DeadlineExceeded for a deadline, even before the
-// context's timer has run): the caller's own doing, not a refusal, not a
-// Redis error, and never a FailOpenLimit admission. With WaitForSlot, a
-// deadline that ends the wait for a slot returns the refusal being waited
-// out.
-func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if job.Attempt < 0 {
-		return nil, fmt.Errorf("job attempt must not be negative, got %d", job.Attempt)
-	}
-	if !job.Deadline.IsZero() && !g.opts.Clock.Now().Before(job.Deadline) {
-		g.metrics.stale.Inc()
-		return nil, &Error{Action: ActionDrop, Reason: ErrStale}
-	}
-	if job.Key != "" && (job.Version < 0 || job.Version > protocol.MaxJobVersion) {
-		return nil, fmt.Errorf("job version must be in [0, 2^53), got %d", job.Version)
-	}
-	args := protocol.AcquireArgs{
-		TTL:        g.opts.LeaseTTL,
-		JobKey:     job.Key,
-		JobVersion: job.Version,
-		JobTTL:     g.opts.JobTTL,
-	}
-	waitCtx, cancel := g.waitContext(ctx)
-	defer cancel()
-	start := time.Now()
-	var pause time.Duration
-	var waiting *Error // the refusal the caller is waiting out, if any
-	for {
-		adm, sent, err := g.acquireOnce(ctx, args)
-		if err != nil {
-			if waiting != nil && callerEnded(ctx) && !errors.Is(ctx.Err(), context.Canceled) {
-				// The caller's deadline, not Redis, ended the round trip
-				// of a wait for a slot: a deadline gets the refusal, as
-				// between polls.
-				g.count(waiting)
-				return nil, waiting
-			}
-			return g.unavailable(ctx, job, err)
-		}
-		refusal := g.refusal(adm)
-		if ctx.Err() != nil && (refusal == nil || errors.Is(ctx.Err(), context.Canceled)) {
-			// The caller gave up while Redis answered (go-redis reads on
-			// until the deadline, not the cancel): a slot goes back at once.
-			if refusal == nil {
-				g.newPermit(ctx, job, adm, sent).abandon()
-			}
-			return nil, ctx.Err()
-		}
-		if refusal == nil {
-			g.metrics.slotWait.Observe(time.Since(start).Seconds())
-			return g.newPermit(ctx, job, adm, sent), nil
-		}
-		if !g.opts.WaitForSlot || refusal.Action != ActionDefer || refusal.Reason == ErrOpen {
-			g.count(refusal)
-			return nil, refusal
-		}
-		waiting = refusal
-		// Wait without hot polling: capped exponential steps with full jitter,
-		// never past the next lease expiry or rate slot the server hinted at.
-		pause = min(max(2*pause, 5*time.Millisecond), 250*time.Millisecond)
-		sleep := retry.FullJitter(pause, g.rnd)
-		if refusal.After > 0 && refusal.After < sleep {
-			sleep = refusal.After
-		}
-		if !sleepCtx(waitCtx, sleep) {
-			if errors.Is(ctx.Err(), context.Canceled) {
-				return nil, ctx.Err() // the caller gave up; a deadline gets the refusal
-			}
-			g.count(refusal)
-			return nil, refusal
-		}
-	}
-}
-
-// acquireOnce asks Redis for a slot, under a fresh lease id, and returns the
-// local time the request was sent (the lease's expiry counts from it).
-//
-// The request carries the Redis time after which its reply would no longer
-// be read; Redis refuses it then, writing nothing. If the reply is not read
-// all the same (it ran in time but arrived late, the caller cancelled, the
-// connection broke), the lease is handed to the forgetter. A reply that
-// arrived in time but was refused as late means Redis's clock moved: the
-// offset estimate starts again and the request is made once more.
-func (g *Guard) acquireOnce(ctx context.Context, args protocol.AcquireArgs) (protocol.Admission, time.Time, error) {
-	for retried := false; ; retried = true {
-		rctx, cancel := g.redisContext(ctx)
-		args.LeaseID = protocol.NewLeaseID() // never reuse an id that may be forgotten
-		sentAt := time.Now()
-		sent := g.clock.now()
-		dl, _ := rctx.Deadline() // always set: redisContext has a timeout
-		var late time.Duration   // how long after sentAt Redis may still run it
-		args.Deadline, late = g.clock.deadline(sent, time.Until(dl))
-		adm, err := g.proto.Acquire(rctx, args)
-		cancel()
-		switch {
-		case errors.Is(err, protocol.ErrNoPolicy) || errors.Is(err, protocol.ErrVersion):
-			// Redis answered: nothing was written.
-		case errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed):
-			// The request never left the client.
-		case err != nil:
-			// If it ran, it ran by its deadline: its lease ends a TTL later.
-			g.forget.add(unread{member: args.LeaseID, expires: sentAt.Add(late + args.TTL)})
-		case adm.Code == protocol.RefusedLate:
-			g.clock.reset(sent, adm.Now)
-			if !retried {
-				continue
-			}
-		default:
-			g.clock.observe(sent, adm.Now)
-		}
-		return adm, sentAt, err
-	}
-}
-
-// refusal turns a refused admission into the *Error a caller sees.
-func (g *Guard) refusal(adm protocol.Admission) *Error {
-	switch adm.Code {
-	case protocol.Admitted:
-		return nil
-	case protocol.RefusedOpen:
-		// Past open_until the breaker waits for the controller's next
-		// evaluation: never hint 0, or deferred jobs would spin.
-		return &Error{Action: ActionDefer, Reason: ErrOpen, After: g.jitterUp(max(adm.Wait, g.opts.ThrottleDelay))}
-	case protocol.RefusedThrottled:
-		d := g.opts.ThrottleDelay
-		if adm.Wait > 0 {
-			d = min(adm.Wait, d) // the first lease expires sooner
-		}
-		return &Error{Action: ActionDefer, Reason: ErrThrottled, After: d/2 + retry.FullJitter(d/2, g.rnd)}
-	case protocol.RefusedRate:
-		// Never before the next token, and spread upward like the other
-		// refusals so that the jobs refused together do not return together.
-		return &Error{Action: ActionDefer, Reason: ErrRateLimited, After: g.jitterUp(adm.Wait)}
-	case protocol.RefusedSuperseded:
-		return &Error{Action: ActionDrop, Reason: ErrSuperseded}
-	case protocol.RefusedLate:
-		// Refused as late twice in a row, though the replies came in time.
-		return &Error{Action: ActionDefer, Reason: ErrRedisUnavailable, After: g.jitterUp(g.opts.DeferDelay),
-			Cause: errors.New("redis refused the acquisition as late twice: its clock is not where the guard estimates it")}
-	}
-	return &Error{Action: ActionDefer, Reason: ErrRedisUnavailable, After: g.jitterUp(g.opts.DeferDelay),
-		Cause: fmt.Errorf("unknown admission code %v", adm.Code)}
-}
-
-func (g *Guard) count(e *Error) {
-	switch e.Reason {
-	case ErrSuperseded:
-		g.metrics.superseded.Inc()
-	default:
-		if c, ok := g.metrics.throttled[e.Reason]; ok {
-			c.Inc()
-		}
-	}
-}
-
-// unavailable handles a failed acquisition: the caller gave up, no policy,
-// or Redis not answering. It fails closed unless FailOpenLimit admits the
-// call locally.
-func (g *Guard) unavailable(ctx context.Context, job Job, err error) (*Permit, error) {
-	if callerEnded(ctx) {
-		// The caller's cancellation or deadline ended the wait, not Redis:
-		// no Redis error, and no fail-open admission for a caller that is
-		// out of time.
-		return nil, callerErr(ctx)
-	}
-	if errors.Is(err, protocol.ErrNoPolicy) || errors.Is(err, protocol.ErrVersion) {
-		e := &Error{Action: ActionDefer, Reason: ErrNoPolicy, After: g.jitterUp(g.opts.DeferDelay), Cause: err}
-		g.count(e)
-		return nil, e
-	}
-	g.metrics.redisErrors.Inc()
-	if g.local != nil {
-		select {
-		case g.local <- struct{}{}:
-			g.metrics.failOpen.Inc()
-			return g.newLocalPermit(ctx, job), nil
-		default:
-		}
-	}
-	e := &Error{Action: ActionDefer, Reason: ErrRedisUnavailable, After: g.jitterUp(g.opts.DeferDelay), Cause: err}
-	g.count(e)
-	return nil, e
-}
-
-// callerEnded reports whether the caller's context has ended: cancelled, or
-// past its deadline. The deadline is read from the clock as well as from Err:
-// go-redis makes it the connection's I/O deadline, so a round trip can fail
-// with an I/O timeout at the deadline before the context's timer has run and
-// set Err, which on a starved machine can be late by many milliseconds.
-func callerEnded(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	dl, ok := ctx.Deadline()
-	return ok && !time.Now().Before(dl)
-}
-
-// callerErr is why the caller's context ended (callerEnded): its Err, or
-// context.DeadlineExceeded while its timer has not run yet.
-func callerErr(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return context.DeadlineExceeded
-}
-
-// redisContext bounds one Redis round trip.
-func (g *Guard) redisContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, g.opts.RedisTimeout)
-}
-
-func (g *Guard) waitContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if g.opts.MaxWait > 0 {
-		return context.WithTimeout(ctx, g.opts.MaxWait)
-	}
-	return ctx, func() {}
-}
-
-// jitterUp spreads a delay upward by up to half, so refusals that share a
-// hint do not come back together.
-func (g *Guard) jitterUp(d time.Duration) time.Duration {
-	return retry.RetryAfter(d, g.rnd)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// Classify is the default outcome classifier.
-func Classify(err error) protocol.Outcome {
-	var p *permanentError
-	switch {
-	case err == nil, errors.As(err, &p):
-		return protocol.Success
-	case errors.Is(err, context.DeadlineExceeded):
-		return protocol.Timeout
-	}
-	return protocol.Failure
 }
 
 // lockedRand makes a caller's seeded source safe for concurrent use.

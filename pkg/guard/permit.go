@@ -31,19 +31,22 @@ type Permit struct {
 	// local monotonic clock: the last acquire or renew that Redis answered,
 	// counted from when it was sent, plus the lease TTL.
 	expires time.Time
-	// endOfLife is when the Permit stops renewing (MaxCallLifetime).
+	// endOfLife is when the Permit stops renewing (MaxCallLifetime); zero
+	// for a Permit under Do, which renews until Done.
 	endOfLife time.Time
 	// admitted is when the admission's reply arrived: release reports the
 	// time since as the call's duration.
 	admitted time.Time
 }
 
-func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission, sent time.Time) *Permit {
+func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission, sent time.Time, bounded bool) *Permit {
 	p := &Permit{
 		g: g, job: job, parent: ctx, member: adm.Member, limit: adm.Limit,
-		expires:   sent.Add(g.opts.LeaseTTL),
-		endOfLife: sent.Add(g.opts.MaxCallLifetime),
-		admitted:  time.Now(),
+		expires:  sent.Add(g.opts.LeaseTTL),
+		admitted: time.Now(),
+	}
+	if bounded {
+		p.endOfLife = sent.Add(g.opts.MaxCallLifetime)
 	}
 	if adm.State == wire.HalfOpen {
 		p.probeEpoch = adm.Epoch // only probes are checked against the epoch
@@ -64,8 +67,8 @@ func (g *Guard) newLocalPermit(ctx context.Context, job Job) *Permit {
 
 // Context is the context the call should run under: it carries the attempt
 // number (see AttemptFromContext) and is cancelled with ErrLeaseLost if the
-// lease expires before it could be renewed, or with ErrLifetimeExceeded after
-// MaxCallLifetime.
+// lease expires before it could be renewed, or, for a Permit from Acquire,
+// with ErrLifetimeExceeded after MaxCallLifetime.
 func (p *Permit) Context() context.Context { return p.ctx }
 
 // Limit is the fleet-wide limit in force when the call was admitted; 0 for a
@@ -75,6 +78,9 @@ func (p *Permit) Limit() int64 { return p.limit }
 // nextRenew is the delay to the next renewal wanted after d, brought forward
 // to the end of the Permit's lifetime. p.mu must be held.
 func (p *Permit) nextRenew(d time.Duration) time.Duration {
+	if p.endOfLife.IsZero() {
+		return max(d, 0)
+	}
 	return max(min(d, time.Until(p.endOfLife)), 0)
 }
 
@@ -84,8 +90,8 @@ func (p *Permit) nextRenew(d time.Duration) time.Duration {
 // once the lease's TTL has passed by the local clock since the last renewal
 // Redis answered, the fleet no longer counts the call, so it is cancelled
 // then, whether or not Redis answers: a slot taken by another call after
-// Redis returns must not run beside this one. Past MaxCallLifetime the
-// Permit stops renewing and cancels the call.
+// Redis returns must not run beside this one. Past MaxCallLifetime a Permit
+// from Acquire stops renewing and cancels the call.
 func (p *Permit) renew() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -93,7 +99,7 @@ func (p *Permit) renew() {
 		return
 	}
 	g := p.g
-	if !time.Now().Before(p.endOfLife) {
+	if !p.endOfLife.IsZero() && !time.Now().Before(p.endOfLife) {
 		p.cancel(ErrLifetimeExceeded)
 		return
 	}
@@ -155,14 +161,15 @@ func (p *Permit) abandon() {
 // budget is spent, or Redis could not say whether it is). A call cut short
 // by the caller's cancellation, a lost lease or MaxCallLifetime is not the
 // dependency's failure: it is released as protocol.Cancelled, spends no retry
-// budget and returns an *Error with ActionDefer and reason ErrCancelled or
-// ErrLeaseLost (MaxCallLifetime counts as a timeout). Done works after the
+// budget and returns an *Error with ActionDefer and reason ErrCancelled,
+// ErrLeaseLost or ErrLifetimeExceeded. If the Options' Classify panics, the
+// slot is released as cancelled and the panic goes on. Done works after the
 // caller's context is cancelled.
 func (p *Permit) Done(callErr error) error {
 	if !p.finish() {
 		return errors.New("permit is already done")
 	}
-	outcome := p.outcome(callErr)
+	outcome := p.classify(callErr)
 	p.cancel(context.Canceled)
 	if !outcome.Valid() {
 		p.release(protocol.Cancelled)
@@ -185,28 +192,46 @@ func (p *Permit) Done(callErr error) error {
 		return perm.err
 	case outcome == protocol.Cancelled:
 		reason := ErrCancelled
-		if errors.Is(context.Cause(p.ctx), ErrLeaseLost) {
+		switch cause := context.Cause(p.ctx); {
+		case errors.Is(cause, ErrLeaseLost):
 			reason = ErrLeaseLost
+		case errors.Is(cause, ErrLifetimeExceeded):
+			reason = ErrLifetimeExceeded
 		}
 		return &Error{Action: ActionDefer, Reason: reason, After: g.jitterUp(g.opts.DeferDelay), Cause: callErr}
 	}
 	return g.decideRetry(p.ctx, p.job, callErr)
 }
 
+// classify is outcome, for a finished Permit: if the Options' Classify
+// panics, the slot is released as cancelled before the panic goes on (Do's
+// abandon does nothing once the Permit is finished).
+func (p *Permit) classify(callErr error) protocol.Outcome {
+	classified := false
+	defer func() {
+		if !classified {
+			p.cancel(context.Canceled)
+			p.release(protocol.Cancelled)
+		}
+	}()
+	o := p.outcome(callErr)
+	classified = true
+	return o
+}
+
 // outcome classifies a call that ended with callErr. A call that failed while
-// its context was cancelled by the caller or by the guard (lost lease) ended
-// for that reason, whatever the error says; one that ran past MaxCallLifetime
-// timed out. A call whose own deadline expired is the Classify's to judge: a
-// timeout by default. Must run before Done cancels the context itself.
+// its context was cancelled by the caller or by the guard (lost lease,
+// MaxCallLifetime) ended for that reason, whatever the error says, and counts
+// as cancelled. A call whose own deadline expired is the Classify's to judge:
+// a timeout by default. Must run before Done cancels the context itself.
 func (p *Permit) outcome(callErr error) protocol.Outcome {
 	var perm *permanentError
 	if callErr == nil || errors.As(callErr, &perm) || p.ctx.Err() == nil {
 		return p.g.opts.Classify(callErr)
 	}
 	switch cause := context.Cause(p.ctx); {
-	case errors.Is(cause, ErrLifetimeExceeded):
-		return protocol.Timeout
-	case errors.Is(cause, ErrLeaseLost), errors.Is(p.parent.Err(), context.Canceled):
+	case errors.Is(cause, ErrLifetimeExceeded), errors.Is(cause, ErrLeaseLost),
+		errors.Is(p.parent.Err(), context.Canceled):
 		return protocol.Cancelled
 	}
 	return p.g.opts.Classify(callErr)

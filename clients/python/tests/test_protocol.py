@@ -102,8 +102,8 @@ def test_release_counts_outcomes_and_a_cancellation_counts_nothing(rdb, dep):
     assert (w["calls"], w["successes"], w["failures"], w["timeouts"]) == (3, 1, 1, 1)
     assert (w["a1"], w["a2"], w["a3"], w["a4"]) == (1, 1, 0, 1)
     assert c.live_leases() == 0
-    assert c.release("never-held", "s", 1) is False  # counted all the same
-    assert c.window(60)["calls"] == 4
+    assert c.release("never-held", "s", 1) is False  # counts nothing (docs/protocol.md §4a)
+    assert c.window(60)["calls"] == 3
     with pytest.raises(ValueError):
         c.release("x", "z", 1)
 

@@ -7,6 +7,10 @@
 -- throttled {2, ms until the first lease expires, held, limit, now}; 3 rate
 -- {3, ms to wait, now}; 4 superseded {4, newest version, now}; 5 no policy
 -- {5}; 6 protocol version mismatch {6, version}; 7 late {7, now}.
+-- Idempotent per lease id: run again with the id of a lease it admitted (a
+-- client's resend after a lost reply), it answers admitted again and writes
+-- nothing; the epoch is then 0 if the lease was not a probe of the current
+-- HalfOpen epoch (see below).
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 
@@ -15,13 +19,41 @@ local now_ms = math.floor(now / 1000)
 -- reply: it must take nothing, or its lease would hold a slot that no call
 -- uses for the whole lease ttl.
 local deadline = tonumber(ARGV[3]) or 0
-if deadline > 0 and now_ms > deadline then return {7, now_ms} end
 
 local st = redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
   'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
   'stale_after_ms', 'half_open_probes')
 if not st[1] then return {5} end
 if st[1] ~= '3' then return {6, tonumber(st[1]) or -1} end
+
+-- A resend: the client sent this lease id before, Redis admitted it and the
+-- reply was lost (a connection closed after the script ran), and the client
+-- library sent the same command again. It is answered as the first run was
+-- answered, writing nothing and counting nothing: checked before the
+-- deadline, the breaker, the job key, the slots and the rate, any of which
+-- would refuse it now and leave the lease held by no call. The epoch, limit
+-- and state are those in force now, which are the first run's unless a
+-- publish landed between the two runs; a lease that was a probe of the
+-- current HalfOpen epoch is marked in the probes hash (below), and a live
+-- lease that was not answers epoch 0 while HalfOpen, so that it is never
+-- reported as a probe of an epoch that did not admit it. A lease that is
+-- there but expired (forgotten, or past its ttl) is not revived: it takes
+-- the normal path, whose ZADD NX leaves it expired.
+local own = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[1]))
+if own and own > now_ms then
+  local limit, epoch = math.floor(tonumber(st[3]) or 0), tonumber(st[4])
+  if st[2] == 'Open' or st[2] == 'HalfOpen' then
+    local stale_after, updated = tonumber(st[9]) or 0, tonumber(st[8])
+    if stale_after > 0 and updated ~= nil and now_ms > updated + stale_after then
+      limit = math.floor(tonumber(st[10]) or 1)
+    elseif st[2] == 'HalfOpen' and redis.call('HEXISTS', KEYS[4], 'lease:' .. ARGV[1]) == 0 then
+      epoch = 0
+    end
+  end
+  return {0, epoch, limit, st[2], now_ms}
+end
+
+if deadline > 0 and now_ms > deadline then return {7, now_ms} end
 
 if KEYS[5] then
   local newest = redis.call('GET', KEYS[5])
@@ -89,7 +121,12 @@ if interval > 0 then
   redis.call('SET', KEYS[3], int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
 end
 
-if probing then redis.call('HINCRBY', KEYS[4], 'admitted', 1) end
+if probing then
+  -- The marker lets a resend of this acquisition answer as a probe (above);
+  -- a new epoch deletes the hash, markers included.
+  redis.call('HINCRBY', KEYS[4], 'admitted', 1)
+  redis.call('HSET', KEYS[4], 'lease:' .. ARGV[1], '1')
+end
 -- The ZADD is NX: a lease forgotten before its acquisition ran (forget.lua)
 -- stays expired. With no live lease the set may be new: the same ZADD then
 -- adds the member 'encoding:…', scored -inf so that it never counts, whose

@@ -7,9 +7,18 @@
 -- microseconds: a success's is summed (ds) and counted (dn), so the controller
 -- knows the dependency's success latency; absent or negative: not timed]
 -- Returns 1 when the member was removed, 0 when it was no longer there.
+-- A member that is no longer there counts nothing: no outcome, no attempt,
+-- no probe. It was released already (this is a resend of a release whose
+-- reply was lost, and the first run counted it), or its lease was lost
+-- (renew or a sweep removed it as expired: the fleet stopped counting the
+-- call then). A call admitted without a lease ('') cannot be told from its
+-- resend and counts every time.
 local t = redis.call('TIME')
 local removed = 0
-if ARGV[1] ~= '' then removed = redis.call('ZREM', KEYS[1], ARGV[1]) end
+if ARGV[1] ~= '' then
+  removed = redis.call('ZREM', KEYS[1], ARGV[1])
+  if removed == 0 then return 0 end
+end
 local probe = false
 if KEYS[4] then
   local st = redis.call('HMGET', KEYS[3], 'state', 'epoch')
