@@ -195,11 +195,13 @@ func TestDeleteInvalidNeverPublished(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(found).To(BeFalse(), "the policy never had state in Redis")
 
+	start := time.Now()
 	g.Expect(env.Client.Delete(ctx, pol)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "unused"}, &spillwayv1alpha1.DependencyPolicy{})
 		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the finalizer stays")
 	}).WithTimeout(2 * time.Second).WithPolling(20 * time.Millisecond).Should(Succeed())
+	t.Logf("deleted %v after the delete request", time.Since(start).Round(time.Millisecond))
 	_, found, err = w.c.ReadPublished(ctx)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(found).To(BeFalse(), "nothing to release, nothing written")
