@@ -26,9 +26,10 @@ const (
 	// ConditionConsumersBounded is True when every consumer's autoscaler is
 	// bounded as the policy says.
 	ConditionConsumersBounded = "ConsumersBounded"
-	// ConditionStalled is True, with ReasonInvalidSpec, while the spec cannot
-	// be turned into a policy: the controller makes no progress until the
-	// spec changes. It is absent otherwise.
+	// ConditionStalled is True, with ReasonLastStateKept or
+	// ReasonInvalidSpec, while the spec cannot be turned into a policy: the
+	// controller makes no progress until the spec changes. It is absent
+	// otherwise.
 	ConditionStalled = "Stalled"
 )
 
@@ -41,9 +42,16 @@ const (
 	// retries with backoff and continues from what Redis holds.
 	ReasonRedisUnavailable = "RedisUnavailable"
 	// ReasonInvalidSpec (False; Stalled True): the spec cannot be turned into
-	// a policy. The controller publishes the fleet Closed at the capacity last
-	// published (see safeState) and waits for the spec to change.
+	// a policy. The controller publishes nothing until the spec changes: the
+	// fleet keeps the state last published (Stalled's reason is then
+	// ReasonLastStateKept), or, with none in Redis, workers defer their calls.
 	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonLastStateKept (Stalled True): the spec cannot be turned into a
+	// policy and the fleet keeps the state last published, which the message
+	// names: Closed and Ramping keep their limit; Open and HalfOpen, no longer
+	// refreshed, admit the dead-man trickle (halfOpenProbes calls at a time)
+	// once their dead-man bound has passed (docs/protocol.md §7).
+	ReasonLastStateKept = "LastStateKept"
 	// ReasonStaleEpoch (False): Redis holds a newer epoch than this controller
 	// decided from, because another controller published meanwhile. The
 	// controller evaluates again from what Redis holds.
@@ -189,14 +197,20 @@ func readySummary(evaluated, consumers metav1.Condition) metav1.Condition {
 }
 
 // stalledCondition is the Stalled condition for a spec that cannot be
-// turned into a policy.
-func stalledCondition(specErr error) metav1.Condition {
-	return metav1.Condition{
-		Type:    ConditionStalled,
-		Status:  metav1.ConditionTrue,
-		Reason:  ReasonInvalidSpec,
-		Message: "The spec cannot be used, so the fleet is published Closed at the capacity last published until it changes: " + specErr.Error(),
+// turned into a policy; held is the state Redis holds for the policy, the
+// zero value when it holds none or the evaluator has not read it yet.
+func stalledCondition(specErr error, held protocol.Published) metav1.Condition {
+	c := metav1.Condition{Type: ConditionStalled, Status: metav1.ConditionTrue, Reason: ReasonInvalidSpec,
+		Message: "The spec cannot be used; nothing is published until it changes: " + specErr.Error()}
+	if held.State != "" {
+		c.Reason = ReasonLastStateKept
+		c.Message = fmt.Sprintf("The spec cannot be used; the fleet keeps the state last published, %s with limit %d (epoch %d), until it changes", held.State, held.Limit, held.Epoch)
+		if held.State == wire.Open || held.State == wire.HalfOpen {
+			c.Message += fmt.Sprintf(", and admits %d calls at a time once the dead-man bound has passed", held.HalfOpenProbes)
+		}
+		c.Message += ": " + specErr.Error()
 	}
+	return c
 }
 
 // releasePendingCondition is the Ready condition of a deleted policy whose

@@ -167,11 +167,33 @@ func TestReadySummary(t *testing.T) {
 
 func TestStalledAndReleasePendingConditions(t *testing.T) {
 	g := NewWithT(t)
-	c := stalledCondition(errors.New("breaker: minCalls must be >= 1, got 0"))
-	g.Expect(c.Type).To(Equal(ConditionStalled))
-	g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
-	g.Expect(c.Reason).To(Equal(ReasonInvalidSpec))
-	g.Expect(c.Message).To(And(ContainSubstring("Closed at the capacity last published"), ContainSubstring("minCalls must be >= 1")))
+	specErr := errors.New("breaker: minCalls must be >= 1, got 0")
+	for _, tt := range []struct {
+		name    string
+		held    protocol.Published
+		reason  string
+		message []string
+	}{
+		{name: "nothing in Redis", reason: ReasonInvalidSpec, message: []string{"nothing is published"}},
+		{name: "held Open", held: protocol.Published{State: wire.Open, Epoch: 4, HalfOpenProbes: 3}, reason: ReasonLastStateKept,
+			message: []string{"keeps the state last published, Open with limit 0 (epoch 4)", "admits 3 calls at a time once the dead-man bound"}},
+		{name: "held Ramping", held: protocol.Published{State: wire.Ramping, Limit: 10, Epoch: 5, HalfOpenProbes: 3}, reason: ReasonLastStateKept,
+			message: []string{"Ramping with limit 10 (epoch 5)"}},
+	} {
+		c := stalledCondition(specErr, tt.held)
+		g.Expect(c.Type).To(Equal(ConditionStalled), tt.name)
+		g.Expect(c.Status).To(Equal(metav1.ConditionTrue), tt.name)
+		g.Expect(c.Reason).To(Equal(tt.reason), tt.name)
+		g.Expect(c.Message).To(ContainSubstring("minCalls must be >= 1"), tt.name)
+		for _, m := range tt.message {
+			g.Expect(c.Message).To(ContainSubstring(m), tt.name)
+		}
+		if tt.held.State == wire.Ramping {
+			g.Expect(c.Message).NotTo(ContainSubstring("dead-man"), tt.name)
+		}
+	}
+
+	var c metav1.Condition
 
 	c = releasePendingCondition(errors.New("dial tcp 127.0.0.1:6379: connection refused"))
 	g.Expect(c.Type).To(Equal(ConditionReady))

@@ -35,6 +35,11 @@ const (
 	// without releasing the fleet in Redis, as AnnotationSkipRedisRelease
 	// asked.
 	EventReleaseSkipped = "FleetReleaseSkipped"
+	// EventNothingToRelease: the deleted policy's spec cannot be used and
+	// Redis holds no state for it (it never published one, or Redis lost
+	// it), so there is no capacity to release the fleet at; the finalizer
+	// went without writing to Redis.
+	EventNothingToRelease = "NothingToRelease"
 )
 
 // reconcileDelete gives every autoscaler the policy bounds its user's
@@ -54,7 +59,7 @@ func (r *PolicyReconciler) reconcileDelete(ctx context.Context, pol *spillwayv1a
 		log.Info("Removing the finalizer without releasing the fleet in Redis, as the policy's annotation asks", "annotation", AnnotationSkipRedisRelease)
 		r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, EventReleaseSkipped, "Delete",
 			"Removed the finalizer without publishing full capacity to Redis (%s); workers keep whatever Redis holds for the policy", AnnotationSkipRedisRelease)
-	} else if err := r.releaseFleet(ctx, pol); err != nil {
+	} else if released, err := r.releaseFleet(ctx, pol); err != nil {
 		reconcileErrors.WithLabelValues(ReasonRedisUnavailable).Inc()
 		after := jitter(r.backoff.When(key))
 		log.Info("Failed to release the fleet in Redis; keeping the finalizer and retrying", "retryAfter", after, "error", err.Error())
@@ -62,8 +67,11 @@ func (r *PolicyReconciler) reconcileDelete(ctx context.Context, pol *spillwayv1a
 			"Could not publish full capacity for the deleted policy, retrying; the finalizer stays until it is published (or %s=true): %s", AnnotationSkipRedisRelease, err.Error())
 		obs.ReleaseErr = err
 		return ctrl.Result{RequeueAfter: after}, nil
-	} else {
+	} else if released {
 		r.Recorder.Eventf(pol, nil, corev1.EventTypeNormal, EventReleased, "Delete", "Published the deleted policy's fleet Closed at full capacity")
+	} else {
+		r.Recorder.Eventf(pol, nil, corev1.EventTypeNormal, EventNothingToRelease, "Delete",
+			"Redis holds no state for the policy and its spec cannot be used: nothing to release, workers find no policy and defer as before")
 	}
 
 	patch := client.MergeFromWithOptions(pol.DeepCopy(), client.MergeFromWithOptimisticLock{})
@@ -81,40 +89,45 @@ func (r *PolicyReconciler) reconcileDelete(ctx context.Context, pol *spillwayv1a
 	return ctrl.Result{}, nil
 }
 
-// releaseFleet publishes releasedState for a deleted policy.
-func (r *PolicyReconciler) releaseFleet(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy) error {
+// releaseFleet publishes releasedState for a deleted policy, and reports
+// whether there was a state to publish. It holds the policy's gate in
+// Evaluations while it does: an evaluation in progress ends first, and none
+// publishes after it (see Evaluations.releasing).
+func (r *PolicyReconciler) releaseFleet(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy) (bool, error) {
+	defer r.Evaluations.releasing(pol)()
 	params, paramsErr := policy.FromSpec(pol.Spec)
 	pc, err := protocol.NewClient(r.Redis, protocol.Dependency{Namespace: pol.Namespace, Name: pol.Name})
 	if err != nil {
-		return err
+		return false, err
 	}
-	// An evaluation still in flight may publish between the read and the
-	// write, and the sequence fence then refuses the release: read again and
-	// retry, a few times, before reporting it (the caller retries with
-	// backoff).
+	// An evaluation still in flight (of another manager: this one's waits
+	// for the gate) may publish between the read and the write, and the
+	// sequence fence then refuses the release: read again and retry, a few
+	// times, before reporting it (the caller retries with backoff).
 	for attempt := 1; ; attempt++ {
-		err := r.publishRelease(ctx, pc, params, paramsErr)
+		released, err := r.publishRelease(ctx, pc, params, paramsErr)
 		if err == nil || attempt == 3 || !(errors.Is(err, protocol.ErrStaleSequence) || errors.Is(err, protocol.ErrStaleEpoch)) {
-			return err
+			return released, err
 		}
 	}
 }
 
 // publishRelease reads the state with Redis's time and publishes it Closed at
-// full capacity, fenced by the sequence it read.
-func (r *PolicyReconciler) publishRelease(ctx context.Context, pc *protocol.Client, params policy.Params, paramsErr error) error {
+// full capacity, fenced by the sequence it read; it reports false, writing
+// nothing, when there is nothing to release (see releasedState).
+func (r *PolicyReconciler) publishRelease(ctx context.Context, pc *protocol.Client, params policy.Params, paramsErr error) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
 	defer cancel()
 	prev, found, now, err := pc.ReadPublishedAt(rctx)
 	if err != nil {
-		return err
+		return false, err
 	}
-	next, err := releasedState(params, paramsErr, prev, found, now)
-	if err != nil {
-		return err
+	next, ok := releasedState(params, paramsErr, prev, found, now)
+	if !ok {
+		return false, nil
 	}
 	if _, err := pc.Publish(rctx, next); err != nil {
-		return err
+		return false, err
 	}
-	return nil
+	return true, nil
 }

@@ -173,3 +173,37 @@ func newCachedReconciler(t *testing.T, ns string, rdb *redis.Client) *PolicyReco
 	r.setDefaults()
 	return r
 }
+
+// TestDeleteInvalidNeverPublished: a policy whose spec the controller cannot
+// use, and that never had state in Redis, has no fleet to release. Deleting
+// it takes under 2 s without the escape annotation, so that deleting its
+// namespace does not hang, and writes nothing to Redis.
+func TestDeleteInvalidNeverPublished(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	srv := redistest.Start(t)
+	startManagerWrapped(t, ns, managerRedis(srv), testOptions, func(c client.Client) client.Client { return legacyClient{c} })
+	w := newWorker(t, srv, ns, "unused")
+	spec := testSpec()
+	spec.Breaker.MinCalls = legacyMinCalls
+	pol := createPolicy(t, ns, "unused", spec)
+	g.Eventually(conditionOf(ns, "unused", ConditionStalled)).Should(Equal("True/" + ReasonInvalidSpec))
+	g.Eventually(func(g Gomega) []string { return getPolicy(g, ns, "unused").Finalizers }).Should(ContainElement(Finalizer))
+	_, found, err := w.c.ReadPublished(ctx)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(found).To(BeFalse(), "the policy never had state in Redis")
+
+	start := time.Now()
+	g.Expect(env.Client.Delete(ctx, pol)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "unused"}, &spillwayv1alpha1.DependencyPolicy{})
+		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the finalizer stays")
+	}).WithTimeout(2 * time.Second).WithPolling(20 * time.Millisecond).Should(Succeed())
+	t.Logf("deleted %v after the delete request", time.Since(start).Round(time.Millisecond))
+	_, found, err = w.c.ReadPublished(ctx)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(found).To(BeFalse(), "nothing to release, nothing written")
+	g.Eventually(eventReasons(ns, "unused")).Should(ContainElement(EventNothingToRelease))
+}

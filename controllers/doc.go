@@ -16,9 +16,11 @@
 // The files, by concern:
 //
 //   - evaluator.go: the Evaluator (one evaluation: read, plan, publish); plan.go
-//     names the control law of internal/control; fleet.go the states published
-//     outside it (the safe state, the released state).
-//   - store.go: Evaluations, what the evaluator hands the policy reconciler.
+//     names the control law of internal/control; fleet.go the state published
+//     outside it (the released state).
+//   - store.go: Evaluations, what the evaluator hands the policy reconciler,
+//     and each policy's gate, which lets no evaluation publish after the
+//     release of a deleted policy.
 //   - policy_controller.go: the PolicyReconciler's Reconcile; delete.go its
 //     reconcileDelete; status.go the one updateStatus, which calls the pure
 //     condition functions of conditions.go.

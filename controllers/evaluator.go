@@ -97,7 +97,7 @@ func (r *Evaluator) setDefaults() {
 }
 
 // Reconcile runs every interval for each policy: it evaluates it (or, when
-// its spec cannot be used, publishes the safe state), and reports the
+// its spec cannot be used, reads the state the fleet keeps), and reports the
 // transitions as Events and metrics. It writes nothing to the API server but
 // Events, which are sent in the background, so a slow or throttled API
 // server never delays a limit. When the outcome changes it triggers the
@@ -108,6 +108,7 @@ func (r *Evaluator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 	if err := r.Client.Get(ctx, key, pol); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.Evaluations.forget(key)
+			r.Evaluations.forgetGate(key)
 			r.Signals.Forget(key)
 			r.backoff.Forget(key)
 			forgetPolicy(key)
@@ -125,7 +126,14 @@ func (r *Evaluator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 		return r.evaluateInvalid(ctx, pol, err)
 	}
 
+	done, ok := r.Evaluations.evaluating(pol)
+	if !ok {
+		// Its fleet was released: the policy is being deleted, which this
+		// cache has not seen yet. A publish now would hold the released fleet.
+		return ctrl.Result{}, nil
+	}
 	ev := r.evaluate(ctx, pol, params, r.Clock.Now())
+	done()
 	ev.Generation = pol.Generation
 	changed := r.Evaluations.remember(key, ev)
 	if changed {
@@ -236,11 +244,15 @@ func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.Dependen
 }
 
 // evaluateInvalid is the evaluator's run for a policy whose spec cannot be
-// turned into parameters: it publishes safeState every interval (so the
-// state stays fresh in Redis), records an InvalidSpec evaluation carrying
-// what it published for the policy reconciler, which marks the policy
-// Stalled, and reports the change as an Event. With no state in Redis there
-// is no capacity to publish: nothing is written and workers defer their
+// turned into parameters: it publishes nothing, and records an InvalidSpec
+// evaluation carrying the state Redis holds, for the policy reconciler, which
+// marks the policy Stalled. The breaker and the ramp cannot run without a
+// valid spec, and the fleet keeps the state last published: Closed and
+// Ramping their limit; an Open or HalfOpen, no longer refreshed, turns stale
+// after its dead-man bound, and workers then admit halfOpenProbes calls at a
+// time (docs/protocol.md §7) until the spec is fixed. Publishing Closed at
+// the last capacity instead would send the whole fleet at a dependency that
+// was failing. With no state in Redis nothing is held: workers defer their
 // calls until the spec is fixed.
 func (r *Evaluator) evaluateInvalid(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, specErr error) (ctrl.Result, error) {
 	key := client.ObjectKeyFromObject(pol)
@@ -253,31 +265,18 @@ func (r *Evaluator) evaluateInvalid(ctx context.Context, pol *spillwayv1alpha1.D
 		}
 		rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
 		defer cancel()
-		// Stamped with Redis's time, as every evaluation is: the manager's
-		// clock may be off.
-		prev, found, redisNow, err := pc.ReadPublishedAt(rctx)
-		if err != nil || !found {
-			return err
+		held, found, err := pc.ReadPublished(rctx)
+		if err == nil && found {
+			ev.Published = held
 		}
-		next, changed := safeState(prev, redisNow)
-		if _, err := pc.Publish(rctx, next); err != nil {
-			return err
-		}
-		if changed {
-			ctrl.LoggerFrom(ctx).Info("Published the safe state of a policy whose spec cannot be used", "from", prev.State, "limit", next.Limit, "epoch", next.Epoch)
-			r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, EventSafeState, "Evaluate",
-				"The spec cannot be used: published Closed at the capacity last published (%d) instead of %s until the spec is fixed", next.Limit, prev.State)
-			recordState(key, next)
-		}
-		ev.Published = next
-		return nil
+		return err
 	}()
 	if r.Evaluations.remember(key, ev) {
 		r.Evaluations.trigger(pol)
 	}
 	if err != nil {
 		reconcileErrors.WithLabelValues(ReasonRedisUnavailable).Inc()
-		ctrl.LoggerFrom(ctx).V(1).Info("Failed to publish the safe state of an invalid policy", "error", err.Error())
+		ctrl.LoggerFrom(ctx).V(1).Info("Failed to read the state an invalid policy holds", "error", err.Error())
 		return ctrl.Result{RequeueAfter: jitter(r.backoff.When(key)), Priority: ptr.To(evaluationPriority)}, nil
 	}
 	r.backoff.Forget(key)

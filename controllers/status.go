@@ -24,8 +24,8 @@ import (
 //   - a policy being deleted: ReleasePending while its fleet cannot be
 //     released in Redis;
 //   - an invalid spec: Ready False and Stalled, the generation observed (it
-//     will not get further until the spec changes), and the safe state the
-//     evaluator published for it;
+//     will not get further until the spec changes), and the state the fleet
+//     keeps, which the evaluator read;
 //   - otherwise the last evaluation (the generation is observed once the
 //     evaluator published it), ConsumersBounded, Ready as their summary,
 //     BreakerOpen and Ramping.
@@ -39,9 +39,13 @@ func updateStatus(pol *spillwayv1alpha1.DependencyPolicy, obs *observed) {
 		return
 	case obs.SpecErr != nil:
 		setCondition(pol, readyCondition(invalidSpecError(obs.SpecErr), protocol.Published{}))
-		setCondition(pol, stalledCondition(obs.SpecErr))
+		var held protocol.Published
+		if current {
+			held = ev.Published
+		}
+		setCondition(pol, stalledCondition(obs.SpecErr, held))
 		pol.Status.ObservedGeneration = pol.Generation
-		if current && ev.Published.State != "" {
+		if held.State != "" {
 			setPublishedStatus(&pol.Status, ev.Published, ev.Window, ev.At)
 			setCondition(pol, breakerOpenCondition(ev.Published.State, ev.Published.OpenUntil, 0))
 			setCondition(pol, rampingCondition(ev.Published.State, ev.Published.RampStep, ev.Published.Limit, ev.Published.RampCeiling, nil))

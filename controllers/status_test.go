@@ -60,7 +60,7 @@ func TestObservedGenerationFollowsTheEvaluator(t *testing.T) {
 	g.Eventually(conditionOf(ns, "orders", ConditionReady)).Should(Equal("True/Evaluated"))
 }
 
-// legacyMinCalls marks, in TestInvalidSpecStallsInASafeState, a spec as one
+// legacyMinCalls marks, in TestInvalidEditDuringOutageKeepsOpen, a spec as one
 // the API server stored under an older, looser schema: legacyClient reads a
 // policy whose breaker.minCalls is legacyMinCalls as minCalls 0, which the
 // current schema refuses and the controller cannot use.
@@ -80,38 +80,62 @@ func (c legacyClient) Get(ctx context.Context, key client.ObjectKey, obj client.
 	return nil
 }
 
-// TestInvalidSpecStallsInASafeState: a policy whose spec became unusable
-// while its breaker was Open is Stalled, its new generation is observed, and
-// the fleet is published Closed at the capacity last published instead of
-// staying Open; a fixed spec runs the breaker again.
-func TestInvalidSpecStallsInASafeState(t *testing.T) {
+// TestInvalidEditDuringOutageKeepsOpen: a policy whose spec became unusable
+// while its breaker was Open is Stalled and its new generation is observed,
+// but the fleet is not sent at the failing dependency: nothing is published,
+// Redis keeps Open, status says so (Stalled, LastStateKept), and once the
+// dead-man bound has passed workers admit halfOpenProbes calls at a time. A
+// fixed spec runs the breaker again.
+func TestInvalidEditDuringOutageKeepsOpen(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
 	ctx := context.Background()
 	ns := newNamespace(t)
 	srv := redistest.Start(t)
-	startManagerWrapped(t, ns, managerRedis(srv), testOptions, func(c client.Client) client.Client { return legacyClient{c} })
+	opts := testOptions
+	opts.StaleAfter = 2 * time.Second
+	startManagerWrapped(t, ns, managerRedis(srv), opts, func(c client.Client) client.Client { return legacyClient{c} })
 	w := newWorker(t, srv, ns, "legacy")
 	spec := testSpec()
-	spec.Breaker.OpenDuration.Duration = time.Minute
+	spec.Breaker.OpenDuration.Duration = 3 * time.Second
 	createPolicy(t, ns, "legacy", spec)
 	g.Eventually(w.stateLimit()).Should(Equal("Closed/40"))
 	w.report(g, minCalls, protocol.Failure)
-	g.Eventually(w.stateLimit()).Should(Equal("Open/0"))
+	g.Eventually(w.stateLimit()).WithPolling(5 * time.Millisecond).Should(Equal("Open/0"))
 
 	pol := getPolicy(g, ns, "legacy")
 	patch := client.MergeFrom(pol.DeepCopy())
 	pol.Spec.Breaker.MinCalls = legacyMinCalls
 	g.Expect(env.Client.Patch(ctx, pol, patch)).To(Succeed())
-	g.Eventually(conditionOf(ns, "legacy", ConditionStalled)).Should(Equal("True/InvalidSpec"))
+	g.Eventually(conditionOf(ns, "legacy", ConditionStalled)).Should(Equal("True/" + ReasonLastStateKept))
+	g.Expect(conditionIn(getPolicy(g, ns, "legacy"), ConditionStalled).Message).To(ContainSubstring("Open with limit 0"))
 	g.Eventually(conditionOf(ns, "legacy", ConditionReady)).Should(Equal("False/InvalidSpec"))
 	g.Eventually(func(g Gomega) int64 { return getPolicy(g, ns, "legacy").Status.ObservedGeneration }).Should(Equal(pol.Generation))
-	g.Eventually(w.stateLimit()).Should(Equal("Closed/40"), "not frozen Open")
-	g.Eventually(func(g Gomega) spillwayv1alpha1.DependencyState {
-		return getPolicy(g, ns, "legacy").Status.State
-	}).Should(Equal(spillwayv1alpha1.StateClosed))
-	g.Expect(w.admitted(g)).To(BeTrue())
-	g.Eventually(eventReasons(ns, "legacy")).Should(ContainElements(ReasonInvalidSpec, EventSafeState))
+	g.Expect(getPolicy(g, ns, "legacy").Status.State).To(Equal(spillwayv1alpha1.StateOpen))
+
+	held := w.published(g)
+	g.Expect(held.State).To(Equal(wire.Open), "an invalid edit published over the outage: %+v", held)
+	g.Consistently(func(g Gomega) protocol.Published { return w.published(g) }).WithTimeout(time.Second).
+		Should(Equal(held), "nothing is published while the spec cannot be used")
+
+	// The dead-man trickle: refused until the bound, then halfOpenProbes at
+	// a time.
+	stale := held.UpdatedAt.Add(held.StaleAfter)
+	acquire := func() protocol.Admission {
+		adm, err := w.c.Acquire(ctx, protocol.AcquireArgs{LeaseID: leaseID(), TTL: time.Minute})
+		g.Expect(err).NotTo(HaveOccurred())
+		return adm
+	}
+	var first protocol.Admission
+	g.Eventually(func() protocol.Code {
+		first = acquire()
+		return first.Code
+	}).WithTimeout(15 * time.Second).WithPolling(20 * time.Millisecond).Should(Equal(protocol.Admitted))
+	g.Expect(time.Now()).To(BeTemporally(">=", stale.Add(-50*time.Millisecond)), "admitted before the dead-man bound")
+	g.Expect(acquire().Code).To(Equal(protocol.Admitted))
+	g.Expect(acquire().Code).To(Equal(protocol.Admitted))
+	g.Expect(acquire().Code).NotTo(Equal(protocol.Admitted), "a fourth call while three are in flight")
+	g.Expect(w.published(g)).To(Equal(held), "still nothing published")
 
 	pol = getPolicy(g, ns, "legacy")
 	patch = client.MergeFrom(pol.DeepCopy())
@@ -119,9 +143,7 @@ func TestInvalidSpecStallsInASafeState(t *testing.T) {
 	g.Expect(env.Client.Patch(ctx, pol, patch)).To(Succeed())
 	g.Eventually(conditionOf(ns, "legacy", ConditionStalled)).Should(Equal("absent"))
 	g.Eventually(conditionOf(ns, "legacy", ConditionReady)).Should(Equal("True/Evaluated"))
-	g.Eventually(func(g Gomega) int64 { return getPolicy(g, ns, "legacy").Status.ObservedGeneration }).Should(Equal(pol.Generation))
-	w.report(g, minCalls, protocol.Failure)
-	g.Eventually(w.stateLimit()).Should(Equal("Open/0"), "the breaker runs again")
+	g.Eventually(w.stateLimit()).Should(Equal("HalfOpen/3"), "the breaker runs again")
 }
 
 // crdMaximum is the maximum the served schema sets on a property path

@@ -37,7 +37,7 @@ func TestUpdateStatus(t *testing.T) {
 	t.Run("a published evaluation of this generation", func(t *testing.T) {
 		g := NewWithT(t)
 		pol := policyAt(2)
-		meta.SetStatusCondition(&pol.Status.Conditions, stalledCondition(errors.New("old")))
+		meta.SetStatusCondition(&pol.Status.Conditions, stalledCondition(errors.New("old"), protocol.Published{}))
 		updateStatus(pol, &observed{Evaluated: true, Evaluation: evaluation{Published: published, At: at, Generation: 2},
 			Params: seedParams(t), Consumers: bounded})
 		g.Expect(pol.Status.State).To(Equal(spillwayv1alpha1.StateOpen))
@@ -89,17 +89,28 @@ func TestUpdateStatus(t *testing.T) {
 		g.Expect(status(pol, ConditionReady)).To(Equal("False/" + ReasonScaledObjectNotFound))
 	})
 
-	t.Run("an invalid spec stalls at the safe state", func(t *testing.T) {
+	t.Run("an invalid spec stalls at the state last published", func(t *testing.T) {
 		g := NewWithT(t)
 		pol := policyAt(2)
-		safe, _ := safeState(published, at)
-		updateStatus(pol, &observed{Evaluated: true, Evaluation: evaluation{Published: safe, At: at, Generation: 2},
+		invalid := &evalError{reason: ReasonInvalidSpec, err: errors.New("invalid spec: ramp steps must increase")}
+		updateStatus(pol, &observed{Evaluated: true, Evaluation: evaluation{Published: published, At: at, Generation: 2, Err: invalid},
+			SpecErr: errors.New("ramp steps must increase")})
+		g.Expect(status(pol, ConditionStalled)).To(Equal("True/" + ReasonLastStateKept))
+		g.Expect(status(pol, ConditionReady)).To(Equal("False/" + ReasonInvalidSpec))
+		g.Expect(status(pol, ConditionBreakerOpen)).To(Equal("True/" + ReasonFailureRatioExceeded))
+		g.Expect(pol.Status.ObservedGeneration).To(Equal(int64(2)))
+		g.Expect(pol.Status.State).To(Equal(spillwayv1alpha1.StateOpen), "the state the fleet keeps")
+		g.Expect(pol.Status.CurrentLimit).To(BeZero())
+	})
+
+	t.Run("an invalid spec with nothing in Redis", func(t *testing.T) {
+		g := NewWithT(t)
+		pol := policyAt(2)
+		invalid := &evalError{reason: ReasonInvalidSpec, err: errors.New("invalid spec: ramp steps must increase")}
+		updateStatus(pol, &observed{Evaluated: true, Evaluation: evaluation{At: at, Generation: 2, Err: invalid},
 			SpecErr: errors.New("ramp steps must increase")})
 		g.Expect(status(pol, ConditionStalled)).To(Equal("True/" + ReasonInvalidSpec))
-		g.Expect(status(pol, ConditionReady)).To(Equal("False/" + ReasonInvalidSpec))
-		g.Expect(pol.Status.ObservedGeneration).To(Equal(int64(2)))
-		g.Expect(pol.Status.State).To(Equal(spillwayv1alpha1.StateClosed))
-		g.Expect(pol.Status.CurrentLimit).To(Equal(int32(40)))
+		g.Expect(pol.Status.State).To(BeEmpty())
 	})
 
 	t.Run("a deletion waiting for Redis", func(t *testing.T) {

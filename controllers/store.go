@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -43,6 +44,23 @@ type Evaluations struct {
 	// triggers carries the policies whose evaluation changed to the policy
 	// reconciler.
 	triggers chan event.GenericEvent
+	// gates holds each policy's *gate, by its key.
+	gates sync.Map
+	// hook, when set (by tests, before the controllers run), is called at
+	// each step of a gate: "evaluate" before an evaluation takes it,
+	// "evaluating" once it holds it, "release" before a release takes it and
+	// "releasing" once it holds it.
+	hook func(key types.NamespacedName, step string)
+}
+
+// gate serialises a policy's evaluations with the release of its fleet, so
+// that no publish can land after the release: an evaluation either ends
+// before the release reads the state, or finds the policy released and
+// publishes nothing. It holds the UID of the policy whose fleet was
+// released: a policy of the same name created afterwards evaluates again.
+type gate struct {
+	mu       sync.Mutex
+	released types.UID
 }
 
 // NewEvaluations returns an empty store.
@@ -72,6 +90,53 @@ func (s *Evaluations) remember(key types.NamespacedName, ev evaluation) bool {
 	}
 	p, n := prev.Published, ev.Published
 	return published && (p.State != n.State || p.Limit != n.Limit || p.RampStep != n.RampStep || p.RampCeiling != n.RampCeiling || p.Epoch != n.Epoch)
+}
+
+// evaluating takes the policy's gate for one evaluation (read, plan,
+// publish). ok is false when the policy's fleet was released (it is being
+// deleted, whatever the evaluator's cache says): nothing may be published
+// then. Otherwise call done once the publish is over.
+func (s *Evaluations) evaluating(pol *spillwayv1alpha1.DependencyPolicy) (done func(), ok bool) {
+	key := client.ObjectKeyFromObject(pol)
+	s.step(key, "evaluate")
+	g := s.gate(key)
+	g.mu.Lock()
+	if g.released == pol.UID {
+		g.mu.Unlock()
+		return nil, false
+	}
+	s.step(key, "evaluating")
+	return g.mu.Unlock, true
+}
+
+// releasing takes the gate of a policy being deleted and marks it released:
+// no evaluation of it publishes from then on. It waits for an evaluation in
+// progress to end. Call done once the release is over.
+func (s *Evaluations) releasing(pol *spillwayv1alpha1.DependencyPolicy) (done func()) {
+	key := client.ObjectKeyFromObject(pol)
+	s.step(key, "release")
+	g := s.gate(key)
+	g.mu.Lock()
+	g.released = pol.UID
+	s.step(key, "releasing")
+	return g.mu.Unlock
+}
+
+// forgetGate drops the gate of a policy that is gone from the evaluator's
+// cache: no evaluation of it can start any more.
+func (s *Evaluations) forgetGate(key types.NamespacedName) {
+	s.gates.Delete(key)
+}
+
+func (s *Evaluations) gate(key types.NamespacedName) *gate {
+	g, _ := s.gates.LoadOrStore(key, &gate{})
+	return g.(*gate)
+}
+
+func (s *Evaluations) step(key types.NamespacedName, step string) {
+	if s.hook != nil {
+		s.hook(key, step)
+	}
 }
 
 // lastEvaluation is the policy's last evaluation, if any since the manager

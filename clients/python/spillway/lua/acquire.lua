@@ -145,4 +145,9 @@ end
 if KEYS[5] then
   redis.call('SET', KEYS[5], ARGV[4], 'PX', ARGV[5])
 end
-return {0, tonumber(st[4]), limit, st[2], now_ms}
+-- A call the dead-man rule admitted answers Open, a stale HalfOpen's too: it
+-- is not a probe (probes.admitted did not count it), and clients pass the
+-- epoch to release, which counts probes, only for a HalfOpen answer.
+local admitted_as = st[2]
+if stale then admitted_as = 'Open' end
+return {0, tonumber(st[4]), limit, admitted_as, now_ms}
