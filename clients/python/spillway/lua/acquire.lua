@@ -41,16 +41,17 @@ if st[1] ~= '3' then return {6, tonumber(st[1]) or -1} end
 -- the normal path, whose ZADD NX leaves it expired.
 local own = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[1]))
 if own and own > now_ms then
-  local limit, epoch = math.floor(tonumber(st[3]) or 0), tonumber(st[4])
+  local limit, epoch, answer = math.floor(tonumber(st[3]) or 0), tonumber(st[4]), st[2]
   if st[2] == 'Open' or st[2] == 'HalfOpen' then
     local stale_after, updated = tonumber(st[9]) or 0, tonumber(st[8])
     if stale_after > 0 and updated ~= nil and now_ms > updated + stale_after then
-      limit = math.floor(tonumber(st[10]) or 1)
+      -- the dead-man rule's admission answers Open (below): never a probe
+      limit, answer = math.floor(tonumber(st[10]) or 1), 'Open'
     elseif st[2] == 'HalfOpen' and redis.call('HEXISTS', KEYS[4], 'lease:' .. ARGV[1]) == 0 then
       epoch = 0
     end
   end
-  return {0, epoch, limit, st[2], now_ms}
+  return {0, epoch, limit, answer, now_ms}
 end
 
 if deadline > 0 and now_ms > deadline then return {7, now_ms} end
