@@ -52,5 +52,5 @@ build_helm() {
 export -f build_helm
 export DEST work HELM_VERSION
 
-step "building helm v${HELM_VERSION} (about 2 minutes on 2 cores, once)" build_helm
+step "building helm v${HELM_VERSION} (minutes on 2 cores, once)" build_helm
 echo "${DEST}/helm"
