@@ -84,6 +84,7 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	helmHome = dir
+	buildManager(dir)
 	env, err := start(dir)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "failed to start envtest: %v\n", err)
