@@ -92,7 +92,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	mustHelm(t, "uninstall", "doomed", "--namespace", "doomed")
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(k8s.Get(ctx, crdKey, &apiextensionsv1.CustomResourceDefinition{}))
-	}).WithTimeout(20*time.Second).Should(BeTrue(), "the CRD of a release with crds.keep=false is deleted with it")
+	}).WithTimeout(time.Minute).Should(BeTrue(), "the CRD of a release with crds.keep=false is deleted with it")
 
 	// The defaults.
 	mustHelm(t, "install", "spillway", chartDir(), "--namespace", namespace)
@@ -103,7 +103,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	g.Expect(k8s.Get(ctx, crdKey, crd)).To(Succeed())
 	g.Expect(crd.Annotations).To(HaveKeyWithValue("helm.sh/resource-policy", "keep"))
 	policy := samplePolicy(t)
-	g.Eventually(func() error { return k8s.Create(ctx, policy) }).WithTimeout(10*time.Second).Should(Succeed(), "the installed CRD serves DependencyPolicies")
+	g.Eventually(func() error { return k8s.Create(ctx, policy) }).WithTimeout(30*time.Second).Should(Succeed(), "the installed CRD serves DependencyPolicies")
 
 	// Upgrade to Sentinel, three replicas, and a CRD that is not kept: the
 	// upgrade changes the Deployment and the CRD alike.
