@@ -10,10 +10,11 @@ SHELL := /usr/bin/env bash -o pipefail
 
 K8S_VERSION ?= 1.37.2
 ETCD_VERSION ?= 3.6.16
+HELM_VERSION ?= 4.3.2
 SPILLWAY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/spillway
 ENVTEST_ASSETS := $(SPILLWAY_CACHE)/envtest/$(K8S_VERSION)
 export KUBEBUILDER_ASSETS := $(ENVTEST_ASSETS)
-export K8S_VERSION ETCD_VERSION SPILLWAY_CACHE SPILLWAY_VERBOSE
+export K8S_VERSION ETCD_VERSION HELM_VERSION SPILLWAY_CACHE SPILLWAY_VERBOSE
 
 CONTROLLER_GEN := go tool controller-gen
 TEST_FLAGS ?= -count=1 -timeout=30m
@@ -29,10 +30,11 @@ generate: ## Generate deepcopy code from the API markers.
 	$(CONTROLLER_GEN) object paths=./api/...
 
 .PHONY: manifests
-manifests: ## Generate the CRD and RBAC manifests from markers.
+manifests: ## Generate the CRD and RBAC manifests from markers, in config/ and in the Helm chart.
 	$(CONTROLLER_GEN) crd:allowDangerousTypes=true rbac:roleName=manager-role \
 		paths=./api/... paths=./controllers/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	go run ./hack/chartgen
 
 .PHONY: fmt
 fmt: ## Run gofmt on the tree.
@@ -48,8 +50,8 @@ verify: generate manifests ## Fail when generated files, formatting or go.mod ar
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	go vet ./...
 	go mod tidy -diff
-	@git diff --exit-code -- api config || { echo "generated files are stale: run 'make generate manifests' and commit"; exit 1; }
-	@untracked=$$(git ls-files --others --exclude-standard -- api config); \
+	@git diff --exit-code -- api config charts || { echo "generated files are stale: run 'make generate manifests' and commit"; exit 1; }
+	@untracked=$$(git ls-files --others --exclude-standard -- api config charts); \
 	if [ -n "$$untracked" ]; then echo "generated files are not committed: $$untracked"; exit 1; fi
 
 ##@ Test
@@ -57,6 +59,10 @@ verify: generate manifests ## Fail when generated files, formatting or go.mod ar
 .PHONY: envtest
 envtest: ## Build kube-apiserver and etcd for envtest (cached in $(SPILLWAY_CACHE)).
 	@hack/setup-envtest.sh >/dev/null
+
+.PHONY: helm
+helm: ## Build helm from the Go module proxy for the chart's tests (cached in $(SPILLWAY_CACHE)).
+	@hack/setup-helm.sh >/dev/null
 
 .PHONY: redis
 redis: ## Install redis-server and redis-sentinel from Debian's packages when they are missing.
@@ -76,8 +82,8 @@ python-test: redis ## Run the Python client's tests on Debian's python3 (modules
 	/usr/bin/python3 -m pytest clients/python/tests -q
 
 .PHONY: test
-test: envtest redis modules prometheus python-test ## Run every test (Python client, then Go) against a real kube-apiserver, etcd, redis-server and Prometheus.
-	SPILLWAY_REQUIRE_PYTHON=1 go test $(TEST_FLAGS) ./...
+test: envtest helm redis modules prometheus python-test ## Run every test (Python client, then Go) against a real kube-apiserver, etcd, redis-server and Prometheus.
+	SPILLWAY_REQUIRE_PYTHON=1 SPILLWAY_REQUIRE_HELM=1 go test $(TEST_FLAGS) ./...
 
 .PHONY: bench
 bench: envtest redis modules ## Run the benchmarks whose figures go in docs/benchmarks.md.
