@@ -267,13 +267,31 @@ func firstAfter(pubs []publication, t time.Time) (publication, bool) {
 	return publication{}, false
 }
 
-// The lease timings of TestHandoverAfterSIGKILL: short, so the test is.
-const (
-	haLease    = 4 * time.Second
-	haRenew    = 3 * time.Second
-	haRetry    = 250 * time.Millisecond
-	haInterval = time.Second
-)
+// haInterval is the HA tests' evaluation interval, the default.
+const haInterval = time.Second
+
+// haTimings are the lease duration, renew deadline and retry period of
+// TestHandoverAfterSIGKILL: 4s, 3s and 250ms, short so the test is, or
+// SPILLWAY_HA_TIMINGS, e.g. "15s,10s,500ms" (the defaults), to measure others.
+func haTimings(t *testing.T) (lease, renew, retry time.Duration) {
+	t.Helper()
+	spec := os.Getenv("SPILLWAY_HA_TIMINGS")
+	if spec == "" {
+		return 4 * time.Second, 3 * time.Second, 250 * time.Millisecond
+	}
+	var d [3]time.Duration
+	parts := strings.Split(spec, ",")
+	if len(parts) != 3 {
+		t.Fatalf("SPILLWAY_HA_TIMINGS=%q: want lease,renew,retry", spec)
+	}
+	for i, part := range parts {
+		var err error
+		if d[i], err = time.ParseDuration(part); err != nil {
+			t.Fatalf("SPILLWAY_HA_TIMINGS=%q: %v", spec, err)
+		}
+	}
+	return d[0], d[1], d[2]
+}
 
 // TestHandoverAfterSIGKILL runs two managers against one API server and one
 // Redis, and SIGKILLs the leader in the middle of a ramp, under a fleet of
@@ -286,6 +304,7 @@ const (
 // flight than the limit in force.
 func TestHandoverAfterSIGKILL(t *testing.T) {
 	g := NewWithT(t)
+	haLease, haRenew, haRetry := haTimings(t)
 	e := startHAEnv(t)
 	flags := []string{"--evaluation-interval=" + haInterval.String(), "--leader-election-lease-duration=" + haLease.String(),
 		"--leader-election-renew-deadline=" + haRenew.String(), "--leader-election-retry-period=" + haRetry.String()}
