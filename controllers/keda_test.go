@@ -9,6 +9,7 @@ import (
 	. "github.com/onsi/gomega"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -79,6 +80,19 @@ func TestStartsWithoutKEDA(t *testing.T) {
 		HaveField("Status", metav1.ConditionFalse),
 		HaveField("Reason", ReasonKEDANotInstalled),
 		HaveField("Message", And(ContainSubstring("render"), ContainSubstring("KEDA's ScaledObject CRD (keda.sh/v1alpha1) is not installed")))))
+
+	// A policy with only a ScaledObject consumer is deleted while KEDA is
+	// not installed: there is nothing to let go of, and the finalizer goes.
+	orphan := &spillwayv1alpha1.DependencyPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "orphan"}, Spec: testSpec("ghost")}
+	g.Expect(c.Create(ctx, orphan)).To(Succeed())
+	g.Eventually(func(g Gomega) []string {
+		g.Expect(c.Get(ctx, client.ObjectKeyFromObject(orphan), orphan)).To(Succeed())
+		return orphan.Finalizers
+	}).Should(ContainElement(Finalizer))
+	g.Expect(c.Delete(ctx, orphan)).To(Succeed())
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(orphan), &spillwayv1alpha1.DependencyPolicy{}))
+	}).Should(BeTrue(), "the deleted policy's finalizer is removed")
 
 	// KEDA is installed, then the ScaledObject created: the running manager
 	// watches it and bounds it.
