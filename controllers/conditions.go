@@ -124,6 +124,12 @@ const (
 	// reading the scale subresource of the target's kind; by default it may
 	// read deployments/scale and statefulsets/scale.
 	ReasonScaleTargetForbidden = "ScaleTargetForbidden"
+	// ReasonKEDANotInstalled (False): a consumer names a ScaledObject and the
+	// API server does not serve KEDA's ScaledObject CRD (keda.sh/v1alpha1).
+	// The manager bounds the other consumers meanwhile, and the ScaledObject
+	// once KEDA is installed, without a restart; or name the workload's
+	// HorizontalPodAutoscaler instead.
+	ReasonKEDANotInstalled = "KEDANotInstalled"
 	// ReasonConflict (False): another DependencyPolicy already bounds the
 	// autoscaler (see the spillway.dev/owner annotation). The first policy
 	// keeps it; this one leaves it alone.

@@ -80,6 +80,10 @@ func (r *PolicyReconciler) bindConsumer(ctx context.Context, pol *spillwayv1alph
 func (r *PolicyReconciler) bindFrom(ctx context.Context, reader client.Reader, pol *spillwayv1alpha1.DependencyPolicy, ref consumerRef, bound int32, pinning bool) (consumerResult, bool) {
 	log := ctrl.LoggerFrom(ctx)
 	kind := ref.Kind.Kind
+	if ref.Kind == scaledObjectKind && r.keda.missing.Load() {
+		return consumerResult{Reason: ReasonKEDANotInstalled, Message: fmt.Sprintf(
+			"KEDA's ScaledObject CRD (%s) is not installed: the ScaledObject is bounded once it is, without a restart", kedav1alpha1.GroupVersion)}, false
+	}
 	so := ref.newObject()
 	if err := reader.Get(ctx, types.NamespacedName{Namespace: pol.Namespace, Name: ref.Name}, so.object()); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -212,12 +216,16 @@ func (r *PolicyReconciler) apply(ctx context.Context, so autoscaler, desired Rep
 // Each is read from the API server (APIReader) before it is let go.
 func (r *PolicyReconciler) releaseAll(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, keep map[consumerRef]bool) error {
 	refs := map[consumerRef]bool{}
-	var sos kedav1alpha1.ScaledObjectList
-	if err := r.Client.List(ctx, &sos, client.InNamespace(pol.Namespace), client.MatchingFields{IndexOwner: pol.Name}); err != nil {
-		return fmt.Errorf("failed to list the ScaledObjects of %s: %w", klog.KObj(pol), err)
-	}
-	for _, so := range sos.Items {
-		refs[consumerRef{Kind: scaledObjectKind, Name: so.Name}] = true
+	// Without KEDA's CRD there is no ScaledObject to let go of.
+	kedaMissing := r.keda.missing.Load()
+	if !kedaMissing {
+		var sos kedav1alpha1.ScaledObjectList
+		if err := r.Client.List(ctx, &sos, client.InNamespace(pol.Namespace), client.MatchingFields{IndexOwner: pol.Name}); err != nil {
+			return fmt.Errorf("failed to list the ScaledObjects of %s: %w", klog.KObj(pol), err)
+		}
+		for _, so := range sos.Items {
+			refs[consumerRef{Kind: scaledObjectKind, Name: so.Name}] = true
+		}
 	}
 	var hpas autoscalingv2.HorizontalPodAutoscalerList
 	if err := r.Client.List(ctx, &hpas, client.InNamespace(pol.Namespace), client.MatchingFields{IndexOwner: pol.Name}); err != nil {
@@ -229,7 +237,9 @@ func (r *PolicyReconciler) releaseAll(ctx context.Context, pol *spillwayv1alpha1
 	maps.DeleteFunc(refs, func(ref consumerRef, _ bool) bool { return keep[ref] })
 	if keep == nil {
 		for _, c := range pol.Spec.Consumers {
-			refs[refOf(c)] = true
+			if ref := refOf(c); ref.Kind != scaledObjectKind || !kedaMissing {
+				refs[ref] = true
+			}
 		}
 	}
 	var errs []error

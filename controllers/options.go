@@ -28,6 +28,10 @@ type Options struct {
 	// treat an Open state published longer ago as HalfOpen. Default
 	// StaleAfter(EvaluationInterval); negative turns the rule off.
 	StaleAfter time.Duration
+	// KEDADiscoveryInterval is how often a manager started without KEDA's
+	// ScaledObject CRD asks whether it is served now, to start watching
+	// ScaledObjects without a restart. Default DefaultKEDADiscoveryInterval.
+	KEDADiscoveryInterval time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -48,6 +52,9 @@ func (o Options) withDefaults() Options {
 		o.MaxRetryDelay = 10 * time.Second
 	}
 	o.MaxRetryDelay = max(o.MaxRetryDelay, o.EvaluationInterval)
+	if o.KEDADiscoveryInterval <= 0 {
+		o.KEDADiscoveryInterval = DefaultKEDADiscoveryInterval
+	}
 	return o
 }
 

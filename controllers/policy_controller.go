@@ -68,6 +68,9 @@ type PolicyReconciler struct {
 	// backoff spaces the retries of policies whose consumers could not all
 	// be bounded.
 	backoff workqueue.TypedRateLimiter[types.NamespacedName]
+	// keda says whether ScaledObjects are watched: not when the manager
+	// started without KEDA's CRD, until it is served.
+	keda kedaState
 	// scaleChecks caches, per autoscaler, whether its scale target was
 	// readable: an optimisation only, rebuilt after a restart.
 	scaleChecks sync.Map
@@ -112,26 +115,42 @@ func (r *PolicyReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 	}
 	r.setDefaults()
 
-	if err := setupIndexes(ctx, mgr); err != nil {
+	// Without KEDA's CRD the manager starts all the same: HPAs are bounded,
+	// ScaledObject consumers wait (ReasonKEDANotInstalled) until the CRD is
+	// served, and then are watched without a restart.
+	scaledObjects, err := scaledObjectsServed(mgr.GetRESTMapper())
+	if err != nil {
+		return err
+	}
+	if err := setupIndexes(ctx, mgr, scaledObjects); err != nil {
 		return err
 	}
 	// The policy reconciler also sees annotation changes, so that
 	// AnnotationSkipRedisRelease takes effect at once.
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&spillwayv1alpha1.DependencyPolicy{}, builder.WithPredicates(predicate.Or[client.Object](
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
-		Watches(&kedav1alpha1.ScaledObject{}, autoscalerHandler{
-			EventHandler: handler.EnqueueRequestsFromMapFunc(r.policiesFor),
-			forget:       func(uid types.UID) { r.scaleChecks.Delete(uid) },
-		}).
 		Watches(&autoscalingv2.HorizontalPodAutoscaler{}, autoscalerHandler{
 			EventHandler: handler.EnqueueRequestsFromMapFunc(r.policiesFor),
 			forget:       func(uid types.UID) { r.scaleChecks.Delete(uid) },
 		}).
 		WatchesRawSource(r.Evaluations.source()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.Options.MaxConcurrentReconciles}).
-		Named("dependencypolicy").
-		Complete(r)
+		Named("dependencypolicy")
+	if scaledObjects {
+		b = b.Watches(&kedav1alpha1.ScaledObject{}, r.scaledObjectHandler())
+	}
+	c, err := b.Build(r)
+	if err != nil {
+		return err
+	}
+	if scaledObjects {
+		return nil
+	}
+	r.keda.missing.Store(true)
+	ctrl.Log.WithName(ControllerName).Info("KEDA's ScaledObject CRD is not installed: bounding HorizontalPodAutoscalers only, and watching ScaledObjects once it is",
+		"discoveryInterval", r.Options.KEDADiscoveryInterval)
+	return mgr.Add(r.watchScaledObjectsOnceServed(mgr, c, r.Options.KEDADiscoveryInterval))
 }
 
 // setDefaults fills the options, the clock and the backoff; the Client,

@@ -35,8 +35,9 @@ const (
 )
 
 // setupIndexes registers IndexConsumer, IndexHPAConsumer and IndexOwner with
-// mgr's cache.
-func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
+// mgr's cache; IndexOwner of ScaledObjects only when scaledObjects (KEDA's
+// CRD is served), else watchScaledObjectsOnceServed registers it later.
+func setupIndexes(ctx context.Context, mgr ctrl.Manager, scaledObjects bool) error {
 	indexer := mgr.GetFieldIndexer()
 	if err := indexer.IndexField(ctx, &spillwayv1alpha1.DependencyPolicy{}, IndexConsumer, consumerNames); err != nil {
 		return fmt.Errorf("failed to index DependencyPolicies by consumer: %w", err)
@@ -44,8 +45,10 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	if err := indexer.IndexField(ctx, &spillwayv1alpha1.DependencyPolicy{}, IndexHPAConsumer, hpaConsumerNames); err != nil {
 		return fmt.Errorf("failed to index DependencyPolicies by HorizontalPodAutoscaler consumer: %w", err)
 	}
-	if err := indexer.IndexField(ctx, &kedav1alpha1.ScaledObject{}, IndexOwner, ownerName); err != nil {
-		return fmt.Errorf("failed to index ScaledObjects by owner: %w", err)
+	if scaledObjects {
+		if err := indexer.IndexField(ctx, &kedav1alpha1.ScaledObject{}, IndexOwner, ownerName); err != nil {
+			return fmt.Errorf("failed to index ScaledObjects by owner: %w", err)
+		}
 	}
 	if err := indexer.IndexField(ctx, &autoscalingv2.HorizontalPodAutoscaler{}, IndexOwner, ownerName); err != nil {
 		return fmt.Errorf("failed to index HorizontalPodAutoscalers by owner: %w", err)

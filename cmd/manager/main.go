@@ -24,6 +24,9 @@ type options struct {
 	probeAddr               string
 	leaderElect             bool
 	leaderElectionNamespace string
+	leaseDuration           time.Duration
+	renewDeadline           time.Duration
+	retryPeriod             time.Duration
 	kubeAPIQPS              float64
 	kubeAPIBurst            int
 
@@ -83,6 +86,12 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		"Elect a leader (Lease spillway.dev) so that only one manager replica publishes limits.")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "",
 		"Namespace of the leader-election Lease; defaults to the manager's own namespace in a cluster.")
+	fs.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second,
+		"How long a standby waits after the leader's last renewal before it takes the Lease: the bound on a handover after the leader dies without releasing it.")
+	fs.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 10*time.Second,
+		"How long the leader keeps trying to renew the Lease before it stops leading; shorter than the lease duration.")
+	fs.DurationVar(&o.retryPeriod, "leader-election-retry-period", 500*time.Millisecond,
+		"How often the leader renews the Lease and a standby tries to take it (each wait jittered up to 2.2 times this); a leader that stops releases the Lease, and a standby takes it within about twice this.")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 100,
 		"Queries per second the manager may send the API server; status writes grow with the number of policies.")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 200, "Burst of queries the manager may send the API server.")
@@ -136,6 +145,9 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		return options{}, fmt.Errorf("--redis-addr lists %d addresses: set --redis-cluster for a Redis Cluster", len(o.redis.addrs))
 	case o.evaluationInterval <= 0 || o.statusInterval <= 0 || o.redis.timeout <= 0:
 		return options{}, fmt.Errorf("--evaluation-interval, --status-interval and --redis-timeout must be positive")
+	case o.leaseDuration <= o.renewDeadline || o.renewDeadline <= o.retryPeriod*6/5 || o.retryPeriod <= 0:
+		return options{}, fmt.Errorf("leader election needs --leader-election-lease-duration (%s) > --leader-election-renew-deadline (%s) > 1.2 x --leader-election-retry-period (%s) > 0",
+			o.leaseDuration, o.renewDeadline, o.retryPeriod)
 	case o.maxConcurrentReconciles < 4:
 		return options{}, fmt.Errorf("--max-concurrent-reconciles must be at least 4, got %d", o.maxConcurrentReconciles)
 	}

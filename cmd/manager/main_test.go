@@ -31,7 +31,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "defaults", check: func(t *testing.T, o options) {
 			if !o.leaderElect || o.evaluationInterval != time.Second || o.statusInterval != 10*time.Second ||
 				o.redis.timeout != 500*time.Millisecond || o.maxConcurrentReconciles != 8 ||
-				strings.Join(o.redis.addrs, ",") != "127.0.0.1:6379" || o.redis.cluster || o.metricsAddr != "0" || !o.metricsSecure {
+				strings.Join(o.redis.addrs, ",") != "127.0.0.1:6379" || o.redis.cluster || o.metricsAddr != "0" || !o.metricsSecure ||
+				o.leaseDuration != 15*time.Second || o.renewDeadline != 10*time.Second || o.retryPeriod != 500*time.Millisecond {
 				t.Errorf("unexpected defaults: %+v", o)
 			}
 		}},
@@ -70,6 +71,15 @@ func TestParseFlags(t *testing.T) {
 				t.Errorf("sentinel credentials = %q, %q", o.redis.sentinelUsername, o.redis.sentinelPasswordFile)
 			}
 		}},
+		{name: "leader election timings", args: []string{"--leader-election-lease-duration=4s", "--leader-election-renew-deadline=3s",
+			"--leader-election-retry-period=200ms"}, check: func(t *testing.T, o options) {
+			if o.leaseDuration != 4*time.Second || o.renewDeadline != 3*time.Second || o.retryPeriod != 200*time.Millisecond {
+				t.Errorf("lease %s, renew %s, retry %s", o.leaseDuration, o.renewDeadline, o.retryPeriod)
+			}
+		}},
+		{name: "renew deadline not under the lease", args: []string{"--leader-election-renew-deadline=15s"}, wantErr: "lease-duration (15s) > --leader-election-renew-deadline (15s)"},
+		{name: "retry period too long for the renew deadline", args: []string{"--leader-election-retry-period=9s"}, wantErr: "> 1.2 x --leader-election-retry-period (9s)"},
+		{name: "zero retry period", args: []string{"--leader-election-retry-period=0s"}, wantErr: "retry-period (0s) > 0"},
 		{name: "leader election can be turned off", args: []string{"--leader-elect=false"}, check: func(t *testing.T, o options) {
 			if o.leaderElect {
 				t.Error("leaderElect = true")

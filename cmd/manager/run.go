@@ -65,6 +65,9 @@ func run(ctx context.Context, o options) error {
 		LeaderElectionID:              "spillway.dev",
 		LeaderElectionNamespace:       o.leaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &o.leaseDuration,
+		RenewDeadline:                 &o.renewDeadline,
+		RetryPeriod:                   &o.retryPeriod,
 	})
 	if err != nil {
 		return fmt.Errorf("failed to create the manager: %w", err)
@@ -97,7 +100,8 @@ func run(ctx context.Context, o options) error {
 
 	log.Info("Starting the manager", "redis", o.redis.addrs, "redisCluster", o.redis.cluster,
 		"redisSentinelMaster", o.redis.sentinelMaster, "redisSentinels", o.redis.sentinelAddrs,
-		"evaluationInterval", o.evaluationInterval, "leaderElection", o.leaderElect)
+		"evaluationInterval", o.evaluationInterval, "leaderElection", o.leaderElect,
+		"leaseDuration", o.leaseDuration, "renewDeadline", o.renewDeadline, "retryPeriod", o.retryPeriod)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("manager stopped: %w", err)
 	}

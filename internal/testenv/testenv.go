@@ -51,24 +51,38 @@ func Scheme() *runtime.Scheme {
 	return s
 }
 
+// Option changes what Start installs.
+type Option func(*options)
+
+type options struct{ withoutKEDA bool }
+
+// WithoutKEDA starts the control plane without KEDA's CRDs, as a cluster
+// KEDA is not installed in; Env.InstallKEDA installs them later.
+func WithoutKEDA() Option { return func(o *options) { o.withoutKEDA = true } }
+
 // Start starts kube-apiserver and etcd with the CRDs installed. Call Stop when
 // done (TestMain is the usual place).
-func Start() (*Env, error) {
+func Start(opts ...Option) (*Env, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	assets, err := assetsDir()
 	if err != nil {
 		return nil, err
 	}
-	kedaCRDs, err := kedaCRDDir()
-	if err != nil {
-		return nil, err
+	crds := []string{filepath.Join(RepoRoot(), "config", "crd", "bases")}
+	if !o.withoutKEDA {
+		kedaCRD, err := KEDACRDPath()
+		if err != nil {
+			return nil, err
+		}
+		crds = append(crds, kedaCRD)
 	}
 	scheme := Scheme()
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths: []string{
-			filepath.Join(RepoRoot(), "config", "crd", "bases"),
-			filepath.Join(kedaCRDs, "keda.sh_scaledobjects.yaml"),
-		},
+		CRDDirectoryPaths:     crds,
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme,
 	}
@@ -83,6 +97,19 @@ func Start() (*Env, error) {
 		return nil, fmt.Errorf("failed to create client: %w", err)
 	}
 	return &Env{Environment: env, Config: cfg, Client: c, Scheme: scheme}, nil
+}
+
+// InstallKEDA installs KEDA's ScaledObject CRD, as `helm install keda`
+// would, and waits until the API server serves it.
+func (e *Env) InstallKEDA() error {
+	path, err := KEDACRDPath()
+	if err != nil {
+		return err
+	}
+	if _, err := envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{Paths: []string{path}, ErrorIfPathMissing: true}); err != nil {
+		return fmt.Errorf("failed to install KEDA's ScaledObject CRD: %w", err)
+	}
+	return nil
 }
 
 // Stop stops the control plane.
@@ -117,6 +144,15 @@ func assetsDir() (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// KEDACRDPath is the ScaledObject CRD of the KEDA module go.mod requires.
+func KEDACRDPath() (string, error) {
+	dir, err := kedaCRDDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "keda.sh_scaledobjects.yaml"), nil
 }
 
 // kedaCRDDir is config/crd/bases of the KEDA module go.mod requires.
