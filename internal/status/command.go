@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
@@ -118,6 +119,7 @@ func Run(ctx context.Context, prog string, args []string, stdout, stderr io.Writ
 	// controller-runtime's client logs nothing a user needs here, and
 	// warns when no logger is set.
 	ctrllog.SetLogger(logr.Discard())
+	redis.SetLogger(quietRedis{})
 	kc, namespace, err := kubeClient(f)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", prog, err)

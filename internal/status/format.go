@@ -194,31 +194,20 @@ func kindAbbrev(kind string) string {
 	return strings.ToLower(kind)
 }
 
-// reasonCell is the Ready condition's reason while the breaker is Open or
-// HalfOpen, while Ramping, and whenever Ready is not True.
+// reasonCell is the reason of the row's Explanation.
 func reasonCell(row Row) string {
-	if row.Ready == nil || !explains(row) {
-		return cellNone
+	if c := row.Explanation(); c != nil && c.Reason != "" {
+		return c.Reason
 	}
-	return row.Ready.Reason
+	return cellNone
 }
 
-// messageCell is the Ready condition's message when reasonCell shows its
-// reason.
+// messageCell is the message of the row's Explanation.
 func messageCell(row Row) string {
-	if row.Ready == nil || !explains(row) || row.Ready.Message == "" {
-		return cellNone
+	if c := row.Explanation(); c != nil && c.Message != "" {
+		return c.Message
 	}
-	return row.Ready.Message
-}
-
-// explains reports whether the row shows the Ready condition's reason.
-func explains(row Row) bool {
-	switch row.State {
-	case "Open", "HalfOpen", "Ramping":
-		return true
-	}
-	return row.Ready.Status != metav1.ConditionTrue
+	return cellNone
 }
 
 // publishedCell is the state and limit in Redis, their epoch and how long

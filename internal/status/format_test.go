@@ -40,6 +40,16 @@ func testPolicy(state spillwayv1alpha1.DependencyState, limit, step, ceiling int
 	}
 }
 
+// with adds conditions to pol's status.
+func with(pol *spillwayv1alpha1.DependencyPolicy, conds ...metav1.Condition) *spillwayv1alpha1.DependencyPolicy {
+	pol.Status.Conditions = append(pol.Status.Conditions, conds...)
+	return pol
+}
+
+func cond(t, reason, msg string) metav1.Condition {
+	return metav1.Condition{Type: t, Status: metav1.ConditionTrue, Reason: reason, Message: msg}
+}
+
 func readyTrue(msg string) metav1.Condition {
 	return metav1.Condition{Type: controllers.ConditionReady, Status: metav1.ConditionTrue, Reason: controllers.ReasonEvaluated, Message: msg}
 }
@@ -79,17 +89,22 @@ func TestTableCells(t *testing.T) {
 		want:     []string{"template-api", "Closed", "40/40", "-", "17", "10.0", "10.0%", "20.0%", "max 20", "90m", "-"},
 		wantWide: []string{"Closed 40 epoch 3, 1s ago", "-"},
 	}, {
-		name:      "Open, pinned consumer, Ready's reason",
-		pol:       testPolicy(spillwayv1alpha1.StateOpen, 0, 0, 0, 2*time.Minute, readyTrue("Published state Open with limit 0 (epoch 3)"), soConsumer),
+		name: "Open, pinned consumer, Ready's reason",
+		pol: with(testPolicy(spillwayv1alpha1.StateOpen, 0, 0, 0, 2*time.Minute, readyTrue("Published state Open with limit 0 (epoch 3)"), soConsumer),
+			cond(controllers.ConditionBreakerOpen, controllers.ReasonFailureRatioExceeded, "The breaker is open"),
+			cond(controllers.ConditionRamping, controllers.ReasonAwaitingRecovery, "The ramp starts from its first step when the breaker closes")),
 		as:        Autoscalers{ScaledObjects: map[string]*kedav1alpha1.ScaledObject{"render": so("render", 20, pinned)}},
 		published: published(wire.Open, 0),
-		want:      []string{"template-api", "Open", "0/40", "-", "0", "0.0", "-", "-", "max 20 min 6", "2m", "Evaluated"},
-		wantWide:  []string{"Open 0 epoch 3, 1s ago", "Published state Open with limit 0 (epoch 3)"},
+		want:      []string{"template-api", "Open", "0/40", "-", "0", "0.0", "-", "-", "max 20 min 6", "2m", "FailureRatioExceeded"},
+		wantWide:  []string{"Open 0 epoch 3, 1s ago", "The breaker is open"},
 	}, {
-		name:      "Ramping with a ceiling",
-		pol:       testPolicy(spillwayv1alpha1.StateRamping, 10, 1, 20, 30*time.Second, readyTrue("Published state Ramping with limit 10 (epoch 4)")),
+		name: "Ramping with a ceiling",
+		pol: with(testPolicy(spillwayv1alpha1.StateRamping, 10, 1, 20, 30*time.Second, readyTrue("Published state Ramping with limit 10 (epoch 4)")),
+			cond(controllers.ConditionBreakerOpen, controllers.ReasonBreakerClosed, "The breaker is closed"),
+			cond(controllers.ConditionRamping, controllers.ReasonSteppedBack, "Stepped back: limit 10, below limit 20")),
 		published: published(wire.Ramping, 10), inFlight: 9, window: protocol.Window{Calls: 60, ByAttempt: [4]int64{60}},
-		want: []string{"template-api", "Ramping", "10/40", "2/4 ceiling 20", "9", "2.0", "0.0%", "0.0%", "-", "30s", "Evaluated"},
+		want:     []string{"template-api", "Ramping", "10/40", "2/4 ceiling 20", "9", "2.0", "0.0%", "0.0%", "-", "30s", "SteppedBack"},
+		wantWide: []string{"Ramping 10 epoch 3, 1s ago", "Stepped back: limit 10, below limit 20"},
 	}, {
 		name: "unbound consumers: not found, another policy's, kind not served; Ready False",
 		pol: testPolicy(spillwayv1alpha1.StateClosed, 40, 3, 0, time.Hour,
@@ -104,13 +119,14 @@ func TestTableCells(t *testing.T) {
 		wantWide:  []string{"Closed 40 epoch 3, 1s ago", "but 1 of 3 consumers not bounded"},
 	}, {
 		name: "Redis unreachable: the cluster's columns, ? for Redis's",
-		pol:  testPolicy(spillwayv1alpha1.StateRamping, 5, 0, 0, 10*time.Second, readyTrue("x"), hpaConsumer),
+		pol: with(testPolicy(spillwayv1alpha1.StateRamping, 5, 0, 0, 10*time.Second, readyTrue("x"), hpaConsumer),
+			cond(controllers.ConditionRamping, controllers.ReasonRampInProgress, "Ramp step 1 of 4: limit 5")),
 		as: Autoscalers{HPAs: map[string]*autoscalingv2.HorizontalPodAutoscaler{"render-hpa": {
 			ObjectMeta: metav1.ObjectMeta{Name: "render-hpa", Annotations: pinned},
 			Spec:       autoscalingv2.HorizontalPodAutoscalerSpec{MaxReplicas: 8},
 		}}},
-		want:     []string{"template-api", "Ramping", "5/40", "1/4", "?", "?", "?", "?", "max 8 min 6", "10s", "Evaluated"},
-		wantWide: []string{"?", "x"},
+		want:     []string{"template-api", "Ramping", "5/40", "1/4", "?", "?", "?", "?", "max 8 min 6", "10s", "RampInProgress"},
+		wantWide: []string{"?", "Ramp step 1 of 4: limit 5"},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -149,7 +165,8 @@ func TestConsumersWide(t *testing.T) {
 // TestWrite: the table's header and the Redis note, and JSON and YAML that
 // decode back to the report.
 func TestWrite(t *testing.T) {
-	row := FromCluster(testPolicy(spillwayv1alpha1.StateOpen, 0, 0, 0, time.Minute, readyTrue("m")), Autoscalers{})
+	row := FromCluster(with(testPolicy(spillwayv1alpha1.StateOpen, 0, 0, 0, time.Minute, readyTrue("m")),
+		cond(controllers.ConditionBreakerOpen, controllers.ReasonProbing, "probing")), Autoscalers{})
 	rep := Report{Time: metav1.Time{Time: now}, Items: []Row{row}, RedisUnreachable: "Redis at 127.0.0.1:1: connection refused"}
 	t.Run("table", func(t *testing.T) {
 		g := NewWithT(t)
@@ -158,7 +175,7 @@ func TestWrite(t *testing.T) {
 		lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 		g.Expect(lines).To(HaveLen(3))
 		g.Expect(strings.Fields(lines[0])).To(Equal([]string{"NAMESPACE", "NAME", "STATE", "LIMIT/CAPACITY", "RAMP", "IN", "FLIGHT", "CALLS/s", "FAIL%", "RETRY%", "CONSUMERS", "AGE", "REASON"}))
-		g.Expect(strings.Fields(lines[1])).To(Equal([]string{"mail", "template-api", "Open", "0/40", "-", "?", "?", "?", "?", "-", "60s", "Evaluated"}))
+		g.Expect(strings.Fields(lines[1])).To(Equal([]string{"mail", "template-api", "Open", "0/40", "-", "?", "?", "?", "?", "-", "60s", "Probing"}))
 		g.Expect(lines[2]).To(Equal("Redis was unreachable, so IN FLIGHT, CALLS/s, FAIL% and RETRY% are unknown (?): Redis at 127.0.0.1:1: connection refused"))
 	})
 	t.Run("no policies", func(t *testing.T) {

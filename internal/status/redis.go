@@ -142,9 +142,16 @@ func (o *RedisOptions) NewClient() (redis.UniversalClient, error) {
 		ContextTimeoutEnabled:      true,
 		// A status read retried against an unreachable Redis would only
 		// wait the timeout out again.
-		MaxRetries: -1,
+		MaxRetries:    -1,
+		DialerRetries: 1,
 	}), nil
 }
+
+// quietRedis drops go-redis's own log lines (a failed dial): the command
+// reports an unreachable Redis itself, once.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
 
 // readSecret reads the secret file named by flag, without the trailing
 // newline that editors and `echo` add.

@@ -49,6 +49,10 @@ type Row struct {
 	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
 	// Ready is the Ready condition; nil before the first reconcile.
 	Ready *Condition `json:"ready,omitempty"`
+	// BreakerOpen and Ramping are the conditions of the same types: why
+	// the breaker is open, how the ramp goes.
+	BreakerOpen *Condition `json:"breakerOpen,omitempty"`
+	Ramping     *Condition `json:"ramping,omitempty"`
 	// Consumers are the policy's consumers, in spec order.
 	Consumers []Consumer `json:"consumers"`
 	// Redis is what Redis holds for the policy; nil when Redis was not
@@ -164,13 +168,39 @@ func FromCluster(pol *spillwayv1alpha1.DependencyPolicy, as Autoscalers) Row {
 	if st.State == spillwayv1alpha1.StateRamping {
 		row.Ramp = &Ramp{Step: int(st.RampStep) + 1, Steps: len(policy.Steps(pol.Spec)), Ceiling: st.RampCeiling}
 	}
-	if c := apimeta.FindStatusCondition(st.Conditions, controllers.ConditionReady); c != nil {
-		row.Ready = &Condition{Status: c.Status, Reason: c.Reason, Message: c.Message}
-	}
+	row.Ready = condition(st.Conditions, controllers.ConditionReady)
+	row.BreakerOpen = condition(st.Conditions, controllers.ConditionBreakerOpen)
+	row.Ramping = condition(st.Conditions, controllers.ConditionRamping)
 	for _, c := range pol.Spec.Consumers {
 		row.Consumers = append(row.Consumers, consumer(pol.Name, c, as))
 	}
 	return row
+}
+
+// condition is the condition of type t in cs; nil when absent.
+func condition(cs []metav1.Condition, t string) *Condition {
+	c := apimeta.FindStatusCondition(cs, t)
+	if c == nil {
+		return nil
+	}
+	return &Condition{Status: c.Status, Reason: c.Reason, Message: c.Message}
+}
+
+// Explanation is the condition that says why the policy is where it is:
+// Ready while it is not True (Redis unavailable, a consumer not bound, an
+// invalid spec); else BreakerOpen while Open or HalfOpen and Ramping while
+// Ramping; nil for a Ready policy that is Closed.
+func (r Row) Explanation() *Condition {
+	if r.Ready != nil && r.Ready.Status != metav1.ConditionTrue {
+		return r.Ready
+	}
+	switch spillwayv1alpha1.DependencyState(r.State) {
+	case spillwayv1alpha1.StateOpen, spillwayv1alpha1.StateHalfOpen:
+		return r.BreakerOpen
+	case spillwayv1alpha1.StateRamping:
+		return r.Ramping
+	}
+	return nil
 }
 
 // consumer is how Spillway left c's autoscaler.
