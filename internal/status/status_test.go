@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,10 +19,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/controllers"
 	"github.com/spillway-dev/spillway/internal/replay"
+	"github.com/spillway-dev/spillway/internal/testenv"
 	"github.com/spillway-dev/spillway/pkg/guard"
 )
 
@@ -113,7 +117,7 @@ func closedPort(t *testing.T) string {
 }
 
 // testSpec: capacity 8, ramp 2, 4, 8 one step per minute (so Ramping
-// lasts), a breaker that opens on 5 calls at 50% and half-opens after 1s.
+// lasts), a breaker that opens on 5 calls at 50% and half-opens after 3s.
 func testSpec() spillwayv1alpha1.DependencyPolicySpec {
 	return spillwayv1alpha1.DependencyPolicySpec{
 		Capacity: spillwayv1alpha1.Capacity{Concurrency: 8},
@@ -125,7 +129,7 @@ func testSpec() spillwayv1alpha1.DependencyPolicySpec {
 		Breaker: spillwayv1alpha1.Breaker{
 			FailureRatio: 0.5, MinCalls: 5, HalfOpenProbes: 1,
 			Window:       metav1.Duration{Duration: 10 * time.Second},
-			OpenDuration: metav1.Duration{Duration: time.Second},
+			OpenDuration: metav1.Duration{Duration: 3 * time.Second},
 		},
 		Consumers: []spillwayv1alpha1.Consumer{{ScaledObjectName: "render-workers", SlotsPerReplica: 2}},
 	}
@@ -149,14 +153,19 @@ func TestClosedOpenRamping(t *testing.T) {
 	}
 	held, err := fleet.Guard.Acquire(ctx, guard.Job{Attempt: 1})
 	g.Expect(err).NotTo(HaveOccurred())
-	code, out, stderr := run(ctx, "-n", "mail")
-	g.Expect(code).To(Equal(ExitOK), stderr)
-	g.Expect(stderr).To(BeEmpty())
-	t.Logf("Closed:\n%s", out)
-	g.Expect(out).To(HavePrefix("NAME "))
-	cells := line(g, out, "template-api")
-	g.Expect(cells[:9]).To(Equal([]string{"template-api", "Closed", "8/8", "-", "1", "0.4", "0.0%", "25.0%", "max 4"}))
-	g.Expect(cells[10]).To(Equal("-"))
+	// The controller writes status after it bounds the consumer: wait for it.
+	var closedOut string
+	g.Eventually(func(g Gomega) {
+		code, out, stderr := run(ctx, "-n", "mail")
+		g.Expect(code).To(Equal(ExitOK), stderr)
+		g.Expect(stderr).To(BeEmpty())
+		closedOut = out
+		g.Expect(out).To(HavePrefix("NAME "))
+		cells := line(g, out, "template-api")
+		g.Expect(cells[:9]).To(Equal([]string{"template-api", "Closed", "8/8", "-", "1", "0.4", "0.0%", "25.0%", "max 4"}))
+		g.Expect(cells[10]).To(Equal("-"))
+	}).WithTimeout(5 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
+	t.Logf("Closed:\n%s", closedOut)
 	g.Expect(held.Done(nil)).To(Succeed())
 
 	// Open: failures past the ratio; the consumer's minimum is pinned at the
@@ -197,10 +206,10 @@ func TestClosedOpenRamping(t *testing.T) {
 		g.Expect(row.Ready.Reason).To(Equal(controllers.ReasonEvaluated))
 		g.Expect(row.Ramping.Reason).To(Equal(controllers.ReasonRampInProgress))
 	}).WithTimeout(20 * time.Second).WithPolling(300 * time.Millisecond).Should(Succeed())
-	code, out, stderr = run(ctx, "-n", "mail", "-o", "wide")
+	code, out, stderr := run(ctx, "-n", "mail", "-o", "wide")
 	g.Expect(code).To(Equal(ExitOK), stderr)
 	t.Logf("Ramping:\n%s", out)
-	cells = line(g, out, "template-api")
+	cells := line(g, out, "template-api")
 	g.Expect(cells[1:4]).To(Equal([]string{"Ramping", "2/8", "1/3"}))
 	g.Expect(cells[10]).To(Equal(controllers.ReasonRampInProgress))
 	g.Expect(cells[12]).To(Equal("Ramp step 1 of 3: limit 2"))
@@ -250,16 +259,90 @@ func TestUnboundConsumer(t *testing.T) {
 	g.Expect(line(g, out, "vehicle-api")[9]).To(Equal("unbound"))
 }
 
-// TestWatch prints the status again until the context ends, and exits 0.
+// TestWatch prints the status again until the context ends, and exits 0:
+// a policy created after the first print shows in a later one.
 func TestWatch(t *testing.T) {
 	g := NewWithT(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	code, out, stderr := run(ctx, "-A", "--watch", "--watch-interval", "300ms", "-o", "yaml")
-	g.Expect(code).To(Equal(ExitOK), stderr)
-	docs := strings.Split(out, "---\n")
-	g.Expect(len(docs)).To(BeNumerically(">=", 3), out)
-	g.Expect(docs[len(docs)-1]).To(ContainSubstring("items:"))
+	g.Expect(cp.Env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "watch"}})).To(Succeed())
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		args := []string{"--kubeconfig", kubeconfig, "--redis-addr", cp.Redis.Addr(), "-n", "watch", "--watch", "--watch-interval", "200ms", "-o", "yaml"}
+		done <- Run(watchCtx, "spillway status", args, &out, &errOut)
+	}()
+	g.Eventually(out.String).WithTimeout(20 * time.Second).Should(ContainSubstring("items:"))
+	g.Expect(cp.Env.Client.Create(ctx, &spillwayv1alpha1.DependencyPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "watch", Name: "late"},
+		Spec:       spillwayv1alpha1.DependencyPolicySpec{Capacity: spillwayv1alpha1.Capacity{Concurrency: 3}},
+	})).To(Succeed())
+	g.Eventually(out.String).WithTimeout(20 * time.Second).Should(ContainSubstring("name: late"))
+	stopWatch()
+	g.Expect(<-done).To(Equal(ExitOK), errOut.String())
+	docs := strings.Split(out.String(), "---\n")
+	g.Expect(len(docs)).To(BeNumerically(">=", 2))
+	var first, last Report
+	g.Expect(yaml.Unmarshal([]byte(docs[0]), &first)).To(Succeed())
+	g.Expect(yaml.Unmarshal([]byte(docs[len(docs)-1]), &last)).To(Succeed())
+	g.Expect(first.Items).To(BeEmpty())
+	g.Expect(last.Items).To(HaveLen(1))
+	g.Expect(last.Items[0].Name).To(Equal("late"))
+	g.Expect(last.Items[0].Capacity).To(Equal(int32(3)))
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestKubectlPlugin builds bin/kubectl-spillway and runs it as kubectl
+// would, `kubectl-spillway status ...`, and through kubectl itself when one
+// is on the PATH.
+func TestKubectlPlugin(t *testing.T) {
+	g := NewWithT(t)
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", filepath.Join(dir, "kubectl-spillway"), "./cmd/kubectl-spillway")
+	build.Dir = testenv.RepoRoot()
+	out, err := build.CombinedOutput()
+	g.Expect(err).NotTo(HaveOccurred(), string(out))
+	args := []string{"spillway", "status", "-A", "--kubeconfig", kubeconfig, "--redis-addr", cp.Redis.Addr(), "-o", "json"}
+	cmds := []*exec.Cmd{exec.Command(filepath.Join(dir, "kubectl-spillway"), args[1:]...)}
+	if kubectl, err := exec.LookPath("kubectl"); err == nil {
+		c := exec.Command(kubectl, args...)
+		c.Env = append(os.Environ(), "PATH="+dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+		cmds = append(cmds, c)
+	} else {
+		t.Log("No kubectl on the PATH: the plugin is run directly only")
+	}
+	for _, c := range cmds {
+		var stdout, stderr bytes.Buffer
+		c.Stdout, c.Stderr = &stdout, &stderr
+		g.Expect(c.Run()).To(Succeed(), "%s: %s", c.Args, stderr.String())
+		var rep Report
+		g.Expect(json.Unmarshal(stdout.Bytes(), &rep)).To(Succeed(), stdout.String())
+		g.Expect(rep.RedisUnreachable).To(BeEmpty())
+		names := make([]string, 0, len(rep.Items))
+		for _, it := range rep.Items {
+			names = append(names, it.Namespace+"/"+it.Name)
+		}
+		g.Expect(names).To(ContainElement("mail/template-api"), "%s", c.Args)
+	}
 }
 
 // TestErrors: a policy that does not exist and an API server that cannot be
