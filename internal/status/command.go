@@ -8,13 +8,13 @@ import (
 	"io"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 
@@ -118,7 +118,7 @@ func Run(ctx context.Context, prog string, args []string, stdout, stderr io.Writ
 	}
 	// controller-runtime's client logs nothing a user needs here, and
 	// warns when no logger is set.
-	ctrllog.SetLogger(logr.Discard())
+	ctrllog.SetLogger(zap.New(zap.WriteTo(io.Discard)))
 	redis.SetLogger(quietRedis{})
 	kc, namespace, err := kubeClient(f)
 	if err != nil {
