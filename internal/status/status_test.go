@@ -23,6 +23,7 @@ import (
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/controllers"
+	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/internal/replay"
 	"github.com/spillway-dev/spillway/internal/testenv"
 	"github.com/spillway-dev/spillway/pkg/guard"
@@ -360,4 +361,56 @@ func TestErrors(t *testing.T) {
 	code = Run(ctx, "spillway status", []string{"--kubeconfig", filepath.Join(t.TempDir(), "none")}, &out, &errOut)
 	g.Expect(code).To(Equal(ExitFailure))
 	g.Expect(errOut.String()).To(ContainSubstring("failed to read the kubeconfig"))
+}
+
+// TestRedisNotAnswering: a Redis that accepts connections but does not
+// answer (SIGSTOP) is asked once, not once per policy (each would wait out
+// --redis-timeout); the command still prints the cluster's columns and
+// exits 0.
+func TestRedisNotAnswering(t *testing.T) {
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g.Expect(cp.Env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "paused"}})).To(Succeed())
+	names := []string{"a", "b", "c"}
+	for _, name := range names {
+		g.Expect(cp.Env.Client.Create(ctx, &spillwayv1alpha1.DependencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "paused", Name: name},
+			Spec:       spillwayv1alpha1.DependencyPolicySpec{Capacity: spillwayv1alpha1.Capacity{Concurrency: 4}},
+		})).To(Succeed())
+	}
+	g.Eventually(func(g Gomega) {
+		_, out, _ := run(ctx, "-n", "paused")
+		for _, name := range names {
+			g.Expect(line(g, out, name)[1]).To(Equal("Closed"))
+		}
+	}).WithTimeout(20 * time.Second).WithPolling(200 * time.Millisecond).Should(Succeed())
+
+	paused := redistest.Start(t)
+	g.Expect(paused.Pause()).To(Succeed())
+	defer func() { _ = paused.Resume() }()
+	args := []string{"-n", "paused", "--redis-addr", paused.Addr(), "--redis-timeout", "500ms"}
+	start := time.Now()
+	code, out, stderr := run(ctx, args...)
+	t.Logf("Redis paused, %v:\n%s", time.Since(start), out)
+	g.Expect(code).To(Equal(ExitOK), stderr)
+	for _, name := range names {
+		cells := line(g, out, name)
+		g.Expect(cells[1:3]).To(Equal([]string{"Closed", "4/4"}))
+		g.Expect(cells[4:8]).To(Equal([]string{"?", "?", "?", "?"}))
+	}
+	g.Expect(out).To(ContainSubstring("Redis was unreachable"))
+	g.Expect(out).To(ContainSubstring("i/o timeout"))
+
+	code, out, stderr = run(ctx, append(args, "-o", "json")...)
+	g.Expect(code).To(Equal(ExitOK), stderr)
+	var rep Report
+	g.Expect(json.Unmarshal([]byte(out), &rep)).To(Succeed())
+	g.Expect(rep.RedisUnreachable).To(ContainSubstring("failed to read the state of paused/a: i/o timeout"))
+	g.Expect(rep.Items).To(HaveLen(len(names)))
+	for _, it := range rep.Items {
+		g.Expect(it.Redis).To(BeNil())
+		// b and c were not asked: their error is a's.
+		g.Expect(it.RedisError).To(ContainSubstring("paused/a"))
+	}
 }
