@@ -97,9 +97,10 @@ demo: envtest redis modules ## Replay an outage on loopback, live, and write spi
 	@bin/spillway demo
 
 .PHONY: build
-build: ## Build the manager and the spillway CLI into bin/.
+build: ## Build the manager, the spillway CLI and the kubectl-spillway plugin into bin/.
 	go build -o bin/manager ./cmd/manager
 	go build -o bin/spillway ./cmd/spillway
+	go build -o bin/kubectl-spillway ./cmd/kubectl-spillway
 
 IMG ?= ghcr.io/spillway-dev/spillway-manager:v0.1.0
 

@@ -2,7 +2,8 @@
 // outage in virtual time against the shipped breaker, ramp, backoff and
 // retry-budget code, for several caller policies side by side; demo replays
 // one for real on loopback, with the control plane, Redis, the controller and
-// workers using the library.
+// workers using the library; status shows what Spillway is doing to a
+// cluster's fleets now.
 package main
 
 import (
@@ -29,6 +30,7 @@ type command struct {
 var commands = []command{
 	{name: "simulate", summary: "replay an outage and compare retry policies", run: runSimulate},
 	{name: "demo", summary: "replay an outage for real on loopback: control plane, Redis, controller, workers", run: runDemo},
+	{name: "status", summary: "show each DependencyPolicy's state, limit, ramp, load and consumers, from the cluster and Redis", run: runStatus},
 }
 
 func main() {
