@@ -234,19 +234,20 @@ func (r *run) finish(res *Result) {
 }
 
 // predict is the seeds' backlog / (cap − new arrivals), with the backlog in
-// calls at the dependency's throughput, plus what the ramp withholds while it
-// climbs, from the moment admission resumed.
+// calls at the dependency's throughput, climbing the ramp's steps one per
+// stepDuration from the moment admission resumed (ramp.Schedule.Drain, the
+// forecast the simulator makes too).
 func (r *run) predict(res *Result) float64 {
 	d := r.cfg.Dependency.ServiceTime.Seconds()
-	capacity := float64(r.cfg.Capacity)
-	throughput := capacity / d
-	spare := throughput - r.cfg.ArrivalRate
-	if spare <= 0 || res.DrainSeconds < 0 {
+	if res.DrainSeconds < 0 {
 		return math.Inf(1)
 	}
 	useful := float64(r.ledger.backlogDone.Load())
-	withheld := r.cfg.Ramp.Withheld(r.cfg.Capacity) / d
-	return res.AdmittedAfter + (useful+withheld)/spare
+	drain, ok := r.cfg.Ramp.Drain(useful, r.cfg.ArrivalRate, false, r.cfg.Capacity, func(limit int64) float64 { return float64(limit) / d })
+	if !ok {
+		return math.Inf(1)
+	}
+	return res.AdmittedAfter + drain
 }
 
 // arrive creates jobs at the steady rate, some with deadlines, some with
