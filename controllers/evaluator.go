@@ -208,7 +208,7 @@ func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.Dependen
 	out := Plan(PlanInput{Params: params, Previous: prev, Window: window, Probes: probes, External: external, Now: redisNow, StaleAfter: r.Options.staleAfter()})
 
 	rctx, cancel = context.WithTimeout(ctx, r.Options.RedisTimeout)
-	_, err = pc.Publish(rctx, out.Next)
+	publishedAt, err := pc.Publish(rctx, out.Next)
 	cancel()
 	switch {
 	case errors.Is(err, protocol.ErrStaleEpoch), errors.Is(err, protocol.ErrStaleSequence):
@@ -220,13 +220,17 @@ func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.Dependen
 	if found {
 		observeLag(prev.UpdatedAt, redisNow, r.Options.EvaluationInterval)
 	}
-	recordState(client.ObjectKeyFromObject(pol), out.Next)
+	key := client.ObjectKeyFromObject(pol)
+	recordState(key, out.Next, publishedAt)
 	for _, t := range out.Transitions {
 		eventType := corev1.EventTypeNormal
 		if t.Reason == EventOpened {
 			eventType = corev1.EventTypeWarning
 		}
 		r.Recorder.Eventf(pol, nil, eventType, t.Reason, "Evaluate", "%s", t.Message)
+		if t.Reason == EventRampStepBack {
+			recordStepBack(key)
+		}
 		if t.From != t.To {
 			transitionsTotal.WithLabelValues(string(t.From), string(t.To)).Inc()
 		}
@@ -260,14 +264,15 @@ func (r *Evaluator) evaluateInvalid(ctx context.Context, pol *spillwayv1alpha1.D
 			return err
 		}
 		next, changed := safeState(prev, redisNow)
-		if _, err := pc.Publish(rctx, next); err != nil {
+		publishedAt, err := pc.Publish(rctx, next)
+		if err != nil {
 			return err
 		}
+		recordState(key, next, publishedAt)
 		if changed {
 			ctrl.LoggerFrom(ctx).Info("Published the safe state of a policy whose spec cannot be used", "from", prev.State, "limit", next.Limit, "epoch", next.Epoch)
 			r.Recorder.Eventf(pol, nil, corev1.EventTypeWarning, EventSafeState, "Evaluate",
 				"The spec cannot be used: published Closed at the capacity last published (%d) instead of %s until the spec is fixed", next.Limit, prev.State)
-			recordState(key, next)
 		}
 		ev.Published = next
 		return nil
