@@ -290,6 +290,8 @@ type consumerResult struct {
 	Name    string
 	Reason  string
 	Message string
+	// Replicas are the bounds applied to a bounded consumer's autoscaler.
+	Replicas *Replicas
 }
 
 // consumersBoundedCondition sums up the consumers' results, in spec order.

@@ -151,7 +151,7 @@ func (r *PolicyReconciler) bindFrom(ctx context.Context, reader client.Reader, p
 	if failed != nil {
 		return *failed, false
 	}
-	return consumerResult{Message: b.Desired.String()}, false
+	return consumerResult{Message: b.Desired.String(), Replicas: &b.Desired}, false
 }
 
 // applyBinding server-side applies b under FieldManager: min and max as

@@ -216,7 +216,7 @@ func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.Dependen
 	out := Plan(PlanInput{Params: params, Previous: prev, Window: window, Probes: probes, External: external, Now: redisNow, StaleAfter: r.Options.staleAfter()})
 
 	rctx, cancel = context.WithTimeout(ctx, r.Options.RedisTimeout)
-	_, err = pc.Publish(rctx, out.Next)
+	publishedAt, err := pc.Publish(rctx, out.Next)
 	cancel()
 	switch {
 	case errors.Is(err, protocol.ErrStaleEpoch), errors.Is(err, protocol.ErrStaleSequence):
@@ -228,13 +228,17 @@ func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.Dependen
 	if found {
 		observeLag(prev.UpdatedAt, redisNow, r.Options.EvaluationInterval)
 	}
-	recordState(client.ObjectKeyFromObject(pol), out.Next)
+	key := client.ObjectKeyFromObject(pol)
+	recordState(key, out.Next, publishedAt)
 	for _, t := range out.Transitions {
 		eventType := corev1.EventTypeNormal
 		if t.Reason == EventOpened {
 			eventType = corev1.EventTypeWarning
 		}
 		r.Recorder.Eventf(pol, nil, eventType, t.Reason, "Evaluate", "%s", t.Message)
+		if t.Reason == EventRampStepBack {
+			recordStepBack(key)
+		}
 		if t.From != t.To {
 			transitionsTotal.WithLabelValues(string(t.From), string(t.To)).Inc()
 		}

@@ -40,6 +40,55 @@ var (
 		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
 	})
 
+	// capacityGauge is each policy's capacity.concurrency, as published.
+	capacityGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "spillway_policy_capacity",
+		Help: "Fleet-wide concurrency capacity (capacity.concurrency) each DependencyPolicy last published.",
+	}, []string{"namespace", "name"})
+
+	// rampStepGauge is the ramp's position each policy last published.
+	rampStepGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "spillway_policy_ramp_step",
+		Help: "Ramp step each DependencyPolicy last published (0 before the first step).",
+	}, []string{"namespace", "name"})
+
+	// stepBacksTotal counts the ramp's step backs, per policy.
+	stepBacksTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "spillway_policy_ramp_step_backs_total",
+		Help: "Times each DependencyPolicy's ramp stepped back because a step failed more than ramp.stepBack allows.",
+	}, []string{"namespace", "name"})
+
+	// publishedTimestamp is when each policy was last published, in Redis
+	// time: an alert compares it with the dead-man bound.
+	publishedTimestamp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "spillway_policy_published_timestamp_seconds",
+		Help: "Unix time (Redis time) of each DependencyPolicy's last publication.",
+	}, []string{"namespace", "name"})
+
+	// staleAfterGauge is the dead-man bound each policy last published.
+	staleAfterGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "spillway_policy_stale_after_seconds",
+		Help: "Dead-man bound each DependencyPolicy last published: workers treat an Open state older than this as HalfOpen (0: the rule is off).",
+	}, []string{"namespace", "name"})
+
+	// consumersBoundedGauge is the ConsumersBounded condition as a number.
+	consumersBoundedGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "spillway_policy_consumers_bounded",
+		Help: "1 when every consumer of a DependencyPolicy is bounded (ConsumersBounded not False), 0 when one is not.",
+	}, []string{"namespace", "name"})
+
+	// consumerMinReplicas and consumerMaxReplicas are what Spillway applied
+	// to each consumer's autoscaler: the pinned (or the user's) minimum and
+	// the bounded maximum.
+	consumerMinReplicas = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "spillway_consumer_min_replicas",
+		Help: "Minimum replicas Spillway set on each consumer's autoscaler: pinned through an outage and the ramp, else the user's.",
+	}, []string{"namespace", "policy", "consumer"})
+	consumerMaxReplicas = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "spillway_consumer_max_replicas",
+		Help: "Maximum replicas Spillway set on each consumer's autoscaler: its share of the limit in force.",
+	}, []string{"namespace", "policy", "consumer"})
+
 	// reconcileErrors counts failed reconciles by reason.
 	reconcileErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "spillway_reconcile_errors_total",
@@ -54,11 +103,14 @@ const ReasonKubernetesAPI = "KubernetesAPI"
 var allStates = []wire.State{wire.Closed, wire.Open, wire.HalfOpen, wire.Ramping}
 
 func init() {
-	metrics.Registry.MustRegister(stateGauge, limitGauge, transitionsTotal, evaluationLag, reconcileErrors)
+	metrics.Registry.MustRegister(stateGauge, limitGauge, transitionsTotal, evaluationLag, reconcileErrors,
+		capacityGauge, rampStepGauge, stepBacksTotal, publishedTimestamp, staleAfterGauge,
+		consumersBoundedGauge, consumerMinReplicas, consumerMaxReplicas)
 }
 
-// recordState sets the state and limit gauges of a policy.
-func recordState(key types.NamespacedName, p protocol.Published) {
+// recordState sets the gauges of a policy's published state; at is when
+// Redis stored it (zero: unknown, the timestamp is left as it was).
+func recordState(key types.NamespacedName, p protocol.Published, at time.Time) {
 	for _, s := range allStates {
 		v := 0.0
 		if s == p.State {
@@ -67,6 +119,50 @@ func recordState(key types.NamespacedName, p protocol.Published) {
 		stateGauge.WithLabelValues(key.Namespace, key.Name, string(s)).Set(v)
 	}
 	limitGauge.WithLabelValues(key.Namespace, key.Name).Set(float64(p.Limit))
+	capacityGauge.WithLabelValues(key.Namespace, key.Name).Set(float64(p.Capacity))
+	rampStepGauge.WithLabelValues(key.Namespace, key.Name).Set(float64(p.RampStep))
+	staleAfterGauge.WithLabelValues(key.Namespace, key.Name).Set(p.StaleAfter.Seconds())
+	if !at.IsZero() {
+		publishedTimestamp.WithLabelValues(key.Namespace, key.Name).Set(float64(at.UnixMilli()) / 1000)
+	}
+	// The step-back counter exists from the first publication, so that a
+	// rate over it is 0, not absent, until the first step back.
+	stepBacksTotal.WithLabelValues(key.Namespace, key.Name)
+}
+
+// recordStepBack counts one step back of a policy's ramp.
+func recordStepBack(key types.NamespacedName) {
+	stepBacksTotal.WithLabelValues(key.Namespace, key.Name).Inc()
+}
+
+// recordConsumers sets a policy's ConsumersBounded gauge and the replicas
+// applied to each consumer it bounded; consumers it did not bound have no
+// replicas series.
+func recordConsumers(key types.NamespacedName, results []consumerResult, bounded bool) {
+	v := 0.0
+	if bounded {
+		v = 1
+	}
+	consumersBoundedGauge.WithLabelValues(key.Namespace, key.Name).Set(v)
+	forgetConsumers(key)
+	for _, r := range results {
+		if r.Reason != "" || r.Replicas == nil {
+			continue
+		}
+		if r.Replicas.Min != nil {
+			consumerMinReplicas.WithLabelValues(key.Namespace, key.Name, r.Name).Set(float64(*r.Replicas.Min))
+		}
+		if r.Replicas.Max != nil {
+			consumerMaxReplicas.WithLabelValues(key.Namespace, key.Name, r.Name).Set(float64(*r.Replicas.Max))
+		}
+	}
+}
+
+// forgetConsumers drops the replicas series of a policy's consumers.
+func forgetConsumers(key types.NamespacedName) {
+	match := prometheus.Labels{"namespace": key.Namespace, "policy": key.Name}
+	consumerMinReplicas.DeletePartialMatch(match)
+	consumerMaxReplicas.DeletePartialMatch(match)
 }
 
 // forgetPolicy drops a deleted policy's series.
@@ -74,7 +170,11 @@ func forgetPolicy(key types.NamespacedName) {
 	for _, s := range allStates {
 		stateGauge.DeleteLabelValues(key.Namespace, key.Name, string(s))
 	}
-	limitGauge.DeleteLabelValues(key.Namespace, key.Name)
+	for _, g := range []*prometheus.GaugeVec{limitGauge, capacityGauge, rampStepGauge, publishedTimestamp, staleAfterGauge, consumersBoundedGauge} {
+		g.DeleteLabelValues(key.Namespace, key.Name)
+	}
+	stepBacksTotal.DeleteLabelValues(key.Namespace, key.Name)
+	forgetConsumers(key)
 }
 
 // observeLag records the evaluation lag from two Redis times: the previous

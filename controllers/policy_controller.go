@@ -221,7 +221,9 @@ func (r *PolicyReconciler) reconcile(ctx context.Context, pol *spillwayv1alpha1.
 
 	// Periodic runs and retries go after the work the evaluator triggers and
 	// ScaledObject changes: a transition's pins and status come first.
-	if consumers := consumersBoundedCondition(obs.Consumers); consumers.Status == metav1.ConditionFalse {
+	consumers := consumersBoundedCondition(obs.Consumers)
+	recordConsumers(key, obs.Consumers, consumers.Status != metav1.ConditionFalse)
+	if consumers.Status == metav1.ConditionFalse {
 		reconcileErrors.WithLabelValues(consumers.Reason).Inc()
 		return ctrl.Result{RequeueAfter: jitter(r.backoff.When(key)), Priority: ptr.To(handler.LowPriority)}, nil
 	}

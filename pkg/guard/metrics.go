@@ -23,6 +23,7 @@ type metrics struct {
 	failOpen     prometheus.Counter
 	unreadLeases map[unreadResult]prometheus.Counter
 	slotWait     prometheus.Observer
+	inFlight     prometheus.Gauge
 }
 
 // unreadResult is what became of a lease whose reply was never read.
@@ -59,6 +60,11 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 	}, []string{"dependency"})
 
+	inFlight := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "spillway", Subsystem: "worker", Name: "in_flight",
+		Help: "Calls admitted and not yet finished, fail-open admissions included.",
+	}, []string{"dependency"})
+
 	vecs := []**prometheus.CounterVec{&calls, &throttled, &stale, &superseded, &budget, &retries, &redisErrors, &leaseLost, &failOpen, &unread}
 	for _, v := range vecs {
 		var err error
@@ -68,6 +74,9 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 	}
 	wait, err := register(reg, wait)
 	if err != nil {
+		return nil, err
+	}
+	if inFlight, err = register(reg, inFlight); err != nil {
 		return nil, err
 	}
 	m := &metrics{
@@ -82,6 +91,7 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 		failOpen:     failOpen.WithLabelValues(dep),
 		unreadLeases: map[unreadResult]prometheus.Counter{},
 		slotWait:     wait.WithLabelValues(dep),
+		inFlight:     inFlight.WithLabelValues(dep),
 	}
 	for _, r := range []unreadResult{unreadQueued, unreadForgotten, unreadExpired, unreadDropped} {
 		m.unreadLeases[r] = unread.WithLabelValues(dep, string(r))

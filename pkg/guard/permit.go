@@ -52,6 +52,7 @@ func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission, 
 		p.probeEpoch = adm.Epoch // only probes are checked against the epoch
 	}
 	p.ctx, p.cancel = context.WithCancelCause(WithAttempt(ctx, job.attempt()))
+	g.metrics.inFlight.Inc()
 	// The timer's callback takes p.mu, so it sees p.renewer assigned.
 	p.mu.Lock()
 	p.renewer = time.AfterFunc(p.nextRenew(g.opts.LeaseTTL/3), p.renew)
@@ -62,6 +63,7 @@ func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission, 
 func (g *Guard) newLocalPermit(ctx context.Context, job Job) *Permit {
 	p := &Permit{g: g, job: job, parent: ctx, local: true}
 	p.ctx, p.cancel = context.WithCancelCause(WithAttempt(ctx, job.attempt()))
+	g.metrics.inFlight.Inc()
 	return p
 }
 
@@ -243,6 +245,7 @@ func (p *Permit) outcome(callErr error) protocol.Outcome {
 func (p *Permit) release(outcome protocol.Outcome) {
 	g := p.g
 	g.metrics.call(outcome, p.job.attempt())
+	g.metrics.inFlight.Dec()
 	if p.local {
 		<-g.local
 		return
