@@ -373,7 +373,8 @@ class Client:
         res = self.run(SCRIPTS["window"], [self.keys.state, self.keys.stats, self.keys.probes, self.keys.leases],
                        [int(seconds), int(since_s)])
         names = ("now_ms", "calls", "successes", "failures", "timeouts", "a1", "a2", "a3", "a4",
-                 "granted", "refused", "probe_successes", "probe_failures", "probe_timeouts")
+                 "granted", "refused", "success_micros", "timed_successes",
+                 "probe_successes", "probe_failures", "probe_timeouts")
         return dict(zip(names, (_int(x) for x in res)))
 
     def live_leases(self) -> int:

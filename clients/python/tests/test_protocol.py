@@ -191,3 +191,15 @@ def test_unsent_and_unread_are_told_apart(own_redis, dep):
     own_redis.stop()
     with pytest.raises(P.RedisUnsent):
         c.acquire("l2", 1000, timeout=0.1)
+
+
+def test_release_reports_how_long_a_success_took(rdb, dep):
+    """A release given the call's duration adds it to the window's success
+    latency (ds/dn, docs/protocol.md); failures and untimed releases do not."""
+    publish(rdb, dep, limit=10)
+    c = client(rdb, dep)
+    for outcome, took in (("s", 0.1), ("s", 0.3), ("f", 0.01), ("s", None)):
+        adm = c.acquire("lease-%s-%s" % (outcome, took), 10_000)
+        c.release(adm.member, outcome, 1, took=took)
+    w = c.window(60)
+    assert (w["successes"], w["timed_successes"], w["success_micros"]) == (3, 2, 400_000)
