@@ -182,6 +182,18 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 		spec: "capacity: {concurrency: 40}\nramp: {stepDuration: 0s}",
 		want: []string{"spec.ramp.stepDuration", "stepDuration must be a duration between 1s and 24h"},
 	}, {
+		name: "earlyClimb on a fixed schedule",
+		spec: "capacity: {concurrency: 40}\nramp: {earlyClimb: true, stepBack: {when: Never}}",
+		want: []string{"spec.ramp.earlyClimb", "ramp.earlyClimb needs ramp.stepBack.when Ramping or Always"},
+	}, {
+		name: "warmFor 0s",
+		spec: "capacity: {concurrency: 40}\nramp: {warmFor: 0s}",
+		want: []string{"spec.ramp.warmFor", "warmFor must be a duration between 1s and 1h"},
+	}, {
+		name: "warmFor over an hour",
+		spec: "capacity: {concurrency: 40}\nramp: {warmFor: 2h}",
+		want: []string{"spec.ramp.warmFor", "warmFor must be a duration between 1s and 1h"},
+	}, {
 		name: "step-back ratio at the breaker's",
 		spec: "capacity: {concurrency: 40}\nramp: {stepBack: {failureRatio: 0.3}}\nbreaker: {failureRatio: 0.3}",
 		want: []string{"spec.ramp.stepBack.failureRatio", "ramp.stepBack.failureRatio must be below breaker.failureRatio"},
