@@ -184,7 +184,7 @@ class _Forgetter:
             self.stop.set()
             t = self.thread
         if t is not None and t.is_alive() and t is not threading.current_thread():
-            t.join()
+            t.join(2 * self.timeout + 1.0)  # bounded: a close never hangs
 
     def _run(self) -> None:
         while not self.stop.is_set():
@@ -263,7 +263,7 @@ class _Renewer:
         for p in running:
             p._close()
         if t is not None and t.is_alive() and t is not threading.current_thread():
-            t.join()
+            t.join(5.0)  # bounded: a close never hangs on a renewer an interrupt left asleep
 
     def _run(self) -> None:
         idle_since = None
@@ -409,12 +409,13 @@ class Permit:
             self._token = None
         if self._done:
             return False  # the block called done() itself
-        if exc is None:
-            self.done(None)
-        elif not isinstance(exc, Exception):
-            self.abandon()  # KeyboardInterrupt, SystemExit, ...: re-raised as is
-        else:
-            self.done(exc)  # raises the guard's decision, from exc
+        try:
+            if exc is None:
+                self.done(None)
+            elif isinstance(exc, Exception):
+                self.done(exc)  # raises the guard's decision, from exc
+        finally:
+            self.abandon()  # KeyboardInterrupt, SystemExit: re-raised as is; else nothing once done
         return False
 
     def abandon(self) -> None:
@@ -424,7 +425,8 @@ class Permit:
             if self._finish():
                 self._release_once(lambda: P.CANCELLED)
         finally:
-            self._settle_if_interrupted()
+            if self._done:
+                self._settle_if_interrupted()
 
     def done(self, exc: Optional[BaseException] = None) -> None:
         """Release the slot and report the outcome in one round trip, then
@@ -442,9 +444,10 @@ class Permit:
             self._settle_if_interrupted()
 
     def _settle_if_interrupted(self) -> None:
-        """A Permit marked done whose release never ran (an interrupt landed
-        between the two) is released now, as cancelled."""
-        if self._done and not self._settled:
+        """A Permit whose release never ran (an interrupt landed before it)
+        is released now, as cancelled."""
+        if not self._settled:
+            self._finish()
             self._release_once(lambda: P.CANCELLED)
 
     def _end(self, exc: Optional[BaseException]) -> None:
@@ -598,6 +601,7 @@ class Guard:
         # from both when read, so an interrupt cannot leave one behind.
         self._running = set()
         self._lost = set()
+        self._handoff = threading.local()
         self.renewals = 0  # successful lease renewals, for tests
 
     def close(self) -> None:
@@ -658,23 +662,35 @@ class Guard:
         if fn is None:
             raise ValueError("function must not be None")
         permit = None
+        self._handoff.permit = None
+        outer = _current.get()
         try:
             permit = self.acquire(job)  # inside the try: an interrupt after it leaks nothing
-            token = _current.set(permit)
-            try:
-                result = fn(permit) if pass_permit else fn()
-            finally:
-                _current.reset(token)
-        except Exception as exc:
+            self._handoff.permit = None
+            _current.set(permit)
+            result = fn(permit) if pass_permit else fn()
+            _current.set(outer)
+        except BaseException as exc:
+            _current.set(outer)  # set, not reset: an interrupt may have come before a token
             if permit is None:
-                raise  # refused
-            permit.done(exc)  # raises the decision, or returns: raise exc on
+                # Refused, or interrupted (an interrupt, or a Celery soft
+                # time limit, which is an Exception) as acquire returned.
+                permit, self._handoff.permit = getattr(self._handoff, "permit", None), None
+                if permit is not None:
+                    permit.abandon()
+                raise
+            if isinstance(exc, Exception):
+                try:
+                    permit.done(exc)  # raises the decision, or returns: raise exc on
+                finally:
+                    permit.abandon()  # nothing once done; an interrupt on the way in
+                raise
+            permit.abandon()
             raise
-        except BaseException:
-            if permit is not None:
-                permit.abandon()
-            raise
-        permit.done(None)
+        try:
+            permit.done(None)
+        finally:
+            permit.abandon()  # nothing once done; an interrupt on the way in
         return result
 
     def slot(self, job: Optional[Job] = None) -> Permit:
@@ -748,6 +764,7 @@ class Guard:
             permit = Permit(self, job, adm, sent)
             permit._start()
             self.metrics.slot_wait.observe(time.monotonic() - start)
+            self._handoff.permit = permit  # for call(), should an interrupt drop the return value
             return permit
         except BaseException:
             if permit is not None:
