@@ -573,7 +573,7 @@ class Guard:
         if fail_open_limit < 0:
             raise ValueError(f"fail_open_limit must not be negative, got {fail_open_limit}")
         _check_client(redis_client)
-        self.proto = P.Client(redis_client, dependency)
+        self.proto = P.Client(_bounded(redis_client, redis_timeout), dependency)
         self.dependency = str(self.proto.dep)
         self.lease_ttl = lease_ttl
         self._ttl_ms = max(int(lease_ttl * 1000), 1)
@@ -911,6 +911,26 @@ class Guard:
 
     def _jitter_up(self, d: float) -> float:
         return self._draw(lambda r: R.retry_after(d, r))
+
+
+def _bounded(rdb, timeout: float):
+    """The client the guard talks through: for a plain redis.Redis, one with
+    its own pool of the same settings (address, password, TLS, retry, ...)
+    but whose connect and handshake (AUTH, SELECT, HELLO) are each bounded
+    by redis_timeout, so that a refusal when Redis is down takes about
+    redis_timeout, not the client's socket_connect_timeout or
+    socket_timeout. Any other client (a Sentinel master client, a custom
+    pool) is used as given."""
+    pool = getattr(rdb, "connection_pool", None)
+    if type(pool) is not redis.ConnectionPool or not isinstance(rdb, redis.Redis):
+        return rdb
+    kw = dict(pool.connection_kwargs)
+    for name in ("socket_connect_timeout", "socket_timeout"):
+        v = kw.get(name)
+        kw[name] = timeout if v is None else min(v, timeout)
+    bounded = redis.ConnectionPool(connection_class=pool.connection_class,
+                                   max_connections=pool.max_connections, **kw)
+    return redis.Redis(connection_pool=bounded)
 
 
 def _check_client(rdb) -> None:
