@@ -56,7 +56,8 @@ func cachedMachine(t *testing.T) (env []string, dest string) {
 	for _, name := range []string{"redis-server", "redis-cli", "redis-sentinel", "prometheus"} {
 		executable(t, filepath.Join(bin, name))
 	}
-	python := fakePython(t, t.TempDir(), "redis", "celery", "pytest", "prometheus_client")
+	python := fakePython(t, t.TempDir(), "redis", "celery", "pytest", "prometheus_client",
+		"requests", "urllib3", "httpx", "grpc")
 	return []string{
 		"SPILLWAY_CACHE=" + cache, "K8S_VERSION=1.37.2", "SPILLWAY_VERBOSE=", "PROMETHEUS=",
 		"SPILLWAY_PYTHON=" + python,
@@ -273,7 +274,7 @@ var quietTools = map[string]string{
 func fakeAptForPython(t *testing.T, fail bool) []string {
 	t.Helper()
 	bin := t.TempDir()
-	python := fakePython(t, bin, "redis", "pytest", "prometheus_client")
+	python := fakePython(t, bin, "redis", "pytest", "prometheus_client", "requests", "urllib3", "httpx", "grpc")
 	refresh := `touch "$(dirname "$0")/updated"`
 	if fail {
 		refresh = `:`

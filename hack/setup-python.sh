@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Makes sure Debian's python3 (/usr/bin/python3) can import the modules the
 # Python client's tests need: redis (python3-redis), celery (python3-celery),
-# pytest (python3-pytest) and prometheus_client (python3-prometheus-client).
+# pytest (python3-pytest), prometheus_client (python3-prometheus-client), and
+# the HTTP and RPC clients whose timeouts the guard classifies, each tested
+# with the library itself: requests, urllib3, httpx and grpc (python3-grpcio).
 # Missing ones are installed from Debian's packages with apt-get; the index is
 # refreshed (apt-get update) only when the first install fails. The tests run
 # on Debian's interpreter, never on another python3 that may come first on
@@ -28,6 +30,10 @@ declare -A modules=(
   [celery]=python3-celery
   [pytest]=python3-pytest
   [prometheus_client]=python3-prometheus-client
+  [requests]=python3-requests
+  [urllib3]=python3-urllib3
+  [httpx]=python3-httpx
+  [grpc]=python3-grpcio
 )
 
 # The common case, everything there, costs one interpreter start.

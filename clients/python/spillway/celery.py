@@ -20,6 +20,19 @@ with the outcome and acts on the guard's decision:
   the attempt number the fleet counts is ``request.retries + 1``;
 - park (the body failed and the budget is spent): ``self.retry`` after the
   long parking delay;
+- the body's own retry (``self.retry(...)`` in the body, or Celery's
+  ``autoretry_for``, with or without ``retry_backoff``): the body's retry
+  sends nothing itself; it ends the call, counted as the failure of its
+  ``exc``, asks the fleet's retry budget once, and the task sends exactly one
+  message: after the body's countdown or eta if it gave one (Celery's
+  ``retry_backoff`` gives one), else after the fleet's backoff (never
+  Celery's default_retry_delay), or parked when the budget is spent. Its
+  other options (queue, args, kwargs, max_retries) are kept. Past
+  ``max_retries`` the failure is counted and the task fails, with no budget
+  asked. ``self.retry(throw=False)`` is not intercepted: Celery sends its
+  message at once, uncharged;
+- Celery's ``Retry``, ``Ignore`` and ``Reject`` raised by other means pass
+  through the guard uncounted (released as cancelled);
 - drop (past ``spillway_max_age`` since the first enqueue, or superseded by
   a newer version of its job key): a warning, the guard's
   spillway_worker_stale_dropped_total or spillway_worker_superseded_total,
@@ -50,9 +63,11 @@ run in-process.
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Optional
@@ -63,7 +78,7 @@ from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
 from . import errors as E
 from . import protocol as P
-from .guard import Guard, Job, default_classify
+from .guard import Guard, Job, current_permit, default_classify
 
 log = logging.getLogger("spillway.celery")
 
@@ -79,6 +94,24 @@ def classify(exc: BaseException) -> str:
     if isinstance(exc, SoftTimeLimitExceeded):
         return P.TIMEOUT
     return default_classify(exc)
+
+
+class _BodyRetry(E.RetryRequest, Retry):
+    """A body's own self.retry(...), not sent: the guard charges it to the
+    fleet's budget and on_spillway_decision sends the one message. A Retry
+    too, so that Celery's autoretry_for wrapper lets it through."""
+
+    def __init__(self, exc=None, after=None, options=None):
+        E.RetryRequest.__init__(self, exc, after)
+        self.exc, self.when, self.sig, self.is_eager, self.message = exc, after, None, False, None
+        self.excs = repr(exc) if exc is not None else None
+        self.options = options or {}
+
+    def __str__(self):
+        return f"retry requested: {self.cause!r}"
+
+    def __reduce__(self):
+        return (E.RetryRequest, (self.cause, self.after))
 
 
 class GuardedTask(celery.Task):
@@ -120,6 +153,14 @@ class GuardedTask(celery.Task):
         rdb = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
         return Guard(rdb, self.spillway_dependency, **opts)
 
+    @property
+    def spillway_permit(self):
+        """The Permit of the running body (None outside it): a long body
+        checks ``self.spillway_permit.lost`` or calls
+        ``self.spillway_permit.raise_if_lost()`` and stops once the fleet no
+        longer counts it; it is deferred, never retried as a failure."""
+        return current_permit()
+
     # -- sending: the deadline header -------------------------------------
 
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None,
@@ -147,10 +188,44 @@ class GuardedTask(celery.Task):
             job_of = job_of.__get__(None, type(self))
         if job_of is not None:
             job.key, job.version = job_of(args, kwargs)
+        # At max_retries a failure is the task's last: no budget is asked.
+        job.final = self.max_retries is not None and (req.retries or 0) >= self.max_retries
+
+        def body():
+            req._spillway_in_body = True  # self.retry raises _BodyRetry
+            try:
+                return self.run(*args, **kwargs)
+            finally:
+                req._spillway_in_body = False
+
         try:
-            return self.guard.call(lambda: self.run(*args, **kwargs), job)
+            return self.guard.call(body, job)
         except E.SpillwayError as e:
             return self.on_spillway_decision(e, job, args, kwargs)
+
+    def retry(self, args=None, kwargs=None, exc=None, throw=True, eta=None, countdown=None,
+              max_retries=None, **options):
+        """Celery's Task.retry; called from the body (directly or through
+        autoretry_for) it raises the body's retry to the guard instead of
+        sending it, so that the guard charges it to the fleet's budget and
+        the task sends one message (see the module)."""
+        req = self.request
+        if not getattr(req, "_spillway_in_body", False) or req.called_directly or not throw:
+            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+        limit = self.max_retries if max_retries is None else max_retries
+        if limit is not None and (req.retries or 0) + 1 > limit:
+            # Past max_retries Celery raises exc (or MaxRetriesExceededError)
+            # and sends nothing: the guard counts it, the task fails.
+            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+        after = None
+        if countdown is not None:
+            after = float(countdown)
+        elif eta is not None:
+            after = max(0.0, (eta - _now_like(eta)).total_seconds())
+        if exc is None:
+            exc = sys.exc_info()[1]
+        opts = dict(options, args=args, kwargs=kwargs, max_retries=max_retries)
+        raise _BodyRetry(exc if isinstance(exc, BaseException) else None, after, opts)
 
     def on_spillway_decision(self, e: E.SpillwayError, job: Job, args, kwargs):
         """Act on the guard's decision; raises Retry or Ignore."""
@@ -174,7 +249,12 @@ class GuardedTask(celery.Task):
         log.info("%s task %s[%s] in %.3fs after attempt %d: %s", "Retrying" if action == E.RETRY else "Parking",
                  self.name, req.id, after, job.attempt, e.reason)
         cause = e.cause if isinstance(e.cause, Exception) else e
-        raise self.retry(exc=cause, countdown=after, headers=headers)
+        opts = {}
+        if isinstance(cause, _BodyRetry):  # the body's own retry, with its options
+            opts = dict(cause.options)
+            headers = dict(opts.pop("headers", None) or {}, **headers)
+            cause = cause.cause if isinstance(cause.cause, Exception) else None
+        raise celery.Task.retry(self, exc=cause, countdown=after, headers=headers, **opts)
 
     def _defer(self, e, after, args, kwargs, headers):
         """Send the task again after `after` seconds with the same retry count:
@@ -189,6 +269,13 @@ class GuardedTask(celery.Task):
                                           retries=req.retries or 0, headers=headers)
         sig.apply_async()
         raise Retry(exc=e, when=after, sig=sig)
+
+
+def _now_like(eta: datetime.datetime) -> datetime.datetime:
+    """Now, naive or aware as the eta is (Celery accepts both)."""
+    if eta.tzinfo is None:
+        return datetime.datetime.now()
+    return datetime.datetime.now(datetime.timezone.utc)
 
 
 def _deadline_of(req) -> Optional[float]:

@@ -66,6 +66,13 @@ class RedisUnavailable(SpillwayError):
     reason = "redis unavailable"
 
 
+class BadReply(RedisUnavailable):
+    """Redis answered outside the protocol (a reply the client could not
+    parse, a proxy's answer, another script under the name): fail closed,
+    like Redis unavailable."""
+    reason = "redis unavailable: a reply outside the protocol"
+
+
 class NoPolicy(SpillwayError):
     reason = "no policy published for this dependency"
 
@@ -126,6 +133,24 @@ class Permanent(Exception):
 
     def __reduce__(self):
         return (type(self), (self.error,))
+
+
+class RetryRequest(Exception):
+    """Raise it from the guarded code to ask for a retry of the job because
+    of cause (the dependency's error): the call is counted as classify(cause)
+    says ('f' without a cause) and the fleet's retry budget is asked once.
+    The guard raises CallFailed after `after` seconds (None: the fleet's
+    backoff) or, when the budget is spent, BudgetExhausted after the parking
+    delay, never sooner than `after`. GuardedTask raises it for a body's own
+    self.retry(...) and for autoretry_for, so that a failure is one message."""
+
+    def __init__(self, cause: Optional[BaseException] = None, after: Optional[float] = None):
+        super().__init__(cause if cause is not None else "retry requested")
+        self.cause = cause
+        self.after = None if after is None else max(0.0, float(after))
+
+    def __reduce__(self):
+        return (type(self), (self.cause, self.after))
 
 
 class RetryAfter(Exception):

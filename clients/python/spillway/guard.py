@@ -23,11 +23,13 @@ with the failure-mode rules of the Go guard (pkg/guard):
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import itertools
 import logging
 import queue
 import random as _random
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -39,8 +41,19 @@ from . import errors as E
 from . import metrics as M
 from . import protocol as P
 from . import retry as R
+from .classify import default_classify
 
 log = logging.getLogger("spillway")
+
+_current: "contextvars.ContextVar[Optional[Permit]]" = contextvars.ContextVar("spillway_permit", default=None)
+
+
+def current_permit() -> "Optional[Permit]":
+    """The Permit of the call running in this context (inside Guard.call's
+    function or a slot's with block), or None: a long call reads its
+    permit.lost, or calls permit.raise_if_lost(), to stop once the fleet no
+    longer counts it."""
+    return _current.get()
 
 # Redis clock estimate (pkg/guard/redisclock.go).
 OFFSET_PERIOD = 30.0
@@ -62,12 +75,32 @@ class Job:
     their attempt number. deadline: Unix time (seconds) after which the job is
     dropped as stale; None for work that never expires. key and version, when
     key is set, drop the run if a newer version of key has run or been
-    announced with Guard.supersede (versions are integers in [0, 2^53))."""
+    announced with Guard.supersede (versions are integers in [0, 2^53)).
+    final: no retry follows a failure of this run (its framework's retry
+    limit is reached): the failure is counted, the retry budget is not
+    asked, and the call's own exception is raised as is."""
 
     attempt: int = 1
     deadline: Optional[float] = None
     key: str = ""
     version: int = 0
+    final: bool = False
+
+
+# What parsing a reply outside the protocol raises (protocol.py reads
+# replies by position and converts them with int()).
+_BAD_REPLY = (P.ProtocolError, ValueError, TypeError, IndexError, KeyError, AttributeError, UnicodeDecodeError)
+
+
+def _passes_through(exc: BaseException) -> bool:
+    """A task framework's control flow, not a dependency's answer: Celery's
+    Retry (a message already sent), Ignore and Reject. Looked up in
+    sys.modules: a process that never imported Celery cannot raise them."""
+    m = sys.modules.get("celery.exceptions")
+    if m is None:
+        return False
+    types = tuple(t for t in (getattr(m, n, None) for n in ("Retry", "Ignore", "Reject")) if isinstance(t, type))
+    return bool(types) and isinstance(exc, types)
 
 
 class RedisClock:
@@ -151,7 +184,7 @@ class _Forgetter:
             self.stop.set()
             t = self.thread
         if t is not None and t.is_alive() and t is not threading.current_thread():
-            t.join()
+            t.join(2 * self.timeout + 1.0)  # bounded: a close never hangs
 
     def _run(self) -> None:
         while not self.stop.is_set():
@@ -219,13 +252,18 @@ class _Renewer:
             return sum(1 for _, _, p in self.heap if not p._done)
 
     def close(self) -> None:
+        """Stop renewing: the running calls' leases will expire, so their
+        permits are marked lost now, and their calls can stop."""
         with self.cond:
             self.closed = True
+            running = [p for _, _, p in self.heap]
             self.heap.clear()
             self.cond.notify()
             t = self.thread
+        for p in running:
+            p._close()
         if t is not None and t.is_alive() and t is not threading.current_thread():
-            t.join()
+            t.join(5.0)  # bounded: a close never hangs on a renewer an interrupt left asleep
 
     def _run(self) -> None:
         idle_since = None
@@ -260,9 +298,14 @@ class Permit:
     """One admitted call; a context manager. Call done() exactly once with
     the call's exception (None on success), or use it in a with block.
 
-    lost is an Event set when the lease expired before it could be renewed:
-    the fleet no longer counts the call, and a long call should check it and
-    stop (raise, and the call is released as cancelled)."""
+    lost is an Event set when the lease expired before it could be renewed,
+    when max_call_lifetime ended its renewals, or when the guard was closed:
+    the fleet no longer counts the call, and a long call should check it (or
+    call raise_if_lost()) and stop; it is released as cancelled however it
+    ends. The call gets its permit with guard.call(fn, job,
+    pass_permit=True), from current_permit(), or as the with block's
+    target. While a call whose lease is lost still runs, its guard admits no
+    new call: the process never runs more calls than the leases it holds."""
 
     def __init__(self, guard: "Guard", job: Job, adm: Optional[P.Admission], sent: float, local: bool = False):
         self._g = guard
@@ -277,11 +320,19 @@ class Permit:
         self.lifetime_exceeded = False
         self._lock = threading.Lock()
         self._done = False
+        self._token = None
+        self._settled = False  # released, or handed to the forgetter
+        self._sent = sent
         self._expires = sent + guard.lease_ttl
         self._end_of_life = sent + guard.max_call_lifetime
         self._admitted = time.monotonic()  # release reports the time since as the call's duration
-        if not local:
-            guard._renewer.schedule(min(sent + guard.lease_ttl / 3, self._end_of_life), self)
+
+    def _start(self) -> None:
+        """Count the call in flight and schedule its renewals (Guard._admitted)."""
+        if self.local:
+            return
+        self._g._track(self._g._running, self)
+        self._g._renewer.schedule(min(self._sent + self._g.lease_ttl / 3, self._end_of_life), self)
 
     @property
     def attempt(self) -> int:
@@ -298,7 +349,7 @@ class Permit:
             now = time.monotonic()
             if now >= self._end_of_life:
                 self.lifetime_exceeded = True
-                self.lost.set()
+                self._mark_lost()
                 return None
             if now >= self._expires:
                 self._lose()
@@ -321,54 +372,96 @@ class Permit:
 
     def _lose(self) -> None:
         self._g.metrics.lease_lost.inc()
+        self._mark_lost()
+
+    def _mark_lost(self) -> None:
+        """The call runs on without a lease the fleet counts. self._lock held."""
+        if not self._done:
+            self._g._track(self._g._lost, self)
         self.lost.set()
+
+    def _close(self) -> None:
+        with self._lock:
+            self._mark_lost()
+
+    def raise_if_lost(self) -> None:
+        """Raise LeaseLost if the fleet no longer counts this call (see lost):
+        the call is released as cancelled and the job deferred."""
+        if self.lost.is_set():
+            raise E.LeaseLost(self._g._jitter_up(self._g.defer_delay))
 
     def _finish(self) -> bool:
         with self._lock:
             if self._done:
                 return False
             self._done = True
-            return True
+        self._g._untrack(self)
+        return True
 
     # -- the end of the call ---------------------------------------------
 
     def __enter__(self) -> "Permit":
+        self._token = _current.set(self)
         return self
 
     def __exit__(self, et, exc, tb) -> bool:
+        if self._token is not None:
+            _current.reset(self._token)
+            self._token = None
         if self._done:
             return False  # the block called done() itself
-        if exc is None:
-            self.done(None)
-        elif not isinstance(exc, Exception):
-            self.abandon()  # KeyboardInterrupt, SystemExit, ...: re-raised as is
-        else:
-            self.done(exc)  # raises the guard's decision, from exc
+        try:
+            if exc is None:
+                self.done(None)
+            elif isinstance(exc, Exception):
+                self.done(exc)  # raises the guard's decision, from exc
+        finally:
+            self.abandon()  # KeyboardInterrupt, SystemExit: re-raised as is; else nothing once done
         return False
 
     def abandon(self) -> None:
         """Release the slot of a call that ended without done() (interrupted),
         counting nothing against the dependency. Nothing after done()."""
-        if self._finish():
-            self._release(P.CANCELLED)
+        try:
+            if self._finish():
+                self._release_once(lambda: P.CANCELLED)
+        finally:
+            if self._done:
+                self._settle_if_interrupted()
 
     def done(self, exc: Optional[BaseException] = None) -> None:
         """Release the slot and report the outcome in one round trip, then
-        decide: return on success; raise the wrapped error of a Permanent;
+        decide: return on success, on a task framework's control flow
+        (Celery's Retry, Ignore, Reject: released as cancelled, the caller
+        raises it on) and on the failure of a final job (counted; the caller
+        raises it on); raise the wrapped error of a Permanent;
         raise Cancelled or LeaseLost (DEFER) for a call cut short by its
         caller or a lost lease (released as cancelled: no budget spent); or
         raise CallFailed (RETRY, after a jittered backoff, no earlier than a
         RetryAfter) or BudgetExhausted (PARK) from exc."""
+        try:
+            return self._end(exc)
+        finally:
+            self._settle_if_interrupted()
+
+    def _settle_if_interrupted(self) -> None:
+        """A Permit whose release never ran (an interrupt landed before it)
+        is released now, as cancelled."""
+        if not self._settled:
+            self._finish()
+            self._release_once(lambda: P.CANCELLED)
+
+    def _end(self, exc: Optional[BaseException]) -> None:
         if not self._finish():
             raise RuntimeError("permit is already done")
         g = self._g
-        outcome = self._outcome(exc)
+        outcome = self._release_once(lambda: self._outcome(exc))
         if outcome not in P.OUTCOMES:
-            self._release(P.CANCELLED)
             raise ValueError(f"classify returned the unknown outcome {outcome!r} (want s, f, t or c): the call counted nothing") from exc
-        self._release(outcome)
         if exc is None:
             return None  # done, even if the lease was lost meanwhile
+        if _passes_through(exc) and not isinstance(exc, E.RetryRequest):
+            return None
         if isinstance(exc, E.Permanent):
             raise (exc.error if exc.error is not None else exc)
         if outcome == P.CANCELLED:
@@ -378,12 +471,24 @@ class Permit:
             else:
                 after = g._jitter_up(g.defer_delay)
             raise cls(after, cause=exc) from exc
+        if self.job.final and not isinstance(exc, E.RetryRequest):
+            return None  # no retry follows: the budget is not asked
         g._decide_retry(self.job, exc)
 
     def _outcome(self, exc: Optional[BaseException]) -> str:
+        if self.lost.is_set() and not self.lifetime_exceeded:
+            # Ended after the fleet stopped counting it: counted nowhere,
+            # whatever it returned (a success is still returned).
+            return P.CANCELLED
         if exc is None or isinstance(exc, E.Permanent):
             return P.SUCCESS
         if isinstance(exc, E.Cancelled):
+            return P.CANCELLED
+        if isinstance(exc, E.RetryRequest):
+            if self.lifetime_exceeded:
+                return P.TIMEOUT
+            return self._g.classify(exc.cause) if isinstance(exc.cause, Exception) else P.FAILURE
+        if _passes_through(exc):
             return P.CANCELLED
         if self.lifetime_exceeded:
             return P.TIMEOUT
@@ -391,26 +496,48 @@ class Permit:
             return P.CANCELLED
         return self._g.classify(exc)
 
+    def _release_once(self, outcome_of: Callable[[], str]) -> str:
+        """Release with the outcome outcome_of() gives (cancelled if it
+        raises or is unknown) and return it. Whatever interrupts this
+        (KeyboardInterrupt, a Celery soft time limit) before the release ran,
+        the lease is handed to the forgetter: nothing leaks."""
+        try:
+            try:
+                outcome = outcome_of()
+            except BaseException:
+                self._release(P.CANCELLED)  # a classify that raised counts nothing
+                raise
+            self._release(outcome if outcome in P.OUTCOMES else P.CANCELLED)
+            return outcome
+        except BaseException:
+            if not self._settled and not self.local:
+                self._settled = True
+                self._g._forget.add(self.member, time.monotonic() + self._g.lease_ttl)
+            raise
+
     def _release(self, outcome: str) -> None:
+        """One release round trip; _settled is set once the lease is
+        released or handed to the forgetter."""
         g = self._g
-        g.metrics.call(outcome, self.attempt)
+        if self._settled:
+            return
         if self.local:
             g._local.release()
+            self._settled = True
+            g.metrics.call(outcome, self.attempt)
             return
         try:
             g.proto.release(self.member, outcome, self.attempt, self._probe_epoch, timeout=g.redis_timeout,
                             took=time.monotonic() - self._admitted)
+            self._settled = True
         except BaseException as e:
             # It may not have run: the lease lasts at most a TTL from now.
             g._forget.add(self.member, time.monotonic() + g.lease_ttl)
+            self._settled = True
             if not isinstance(e, Exception):
                 raise  # an interrupt goes on, its lease forgotten
             g.metrics.redis_errors.inc()
-
-
-def default_classify(exc: BaseException) -> str:
-    """A TimeoutError (socket.timeout too) is a timeout; anything else a failure."""
-    return P.TIMEOUT if isinstance(exc, TimeoutError) else P.FAILURE
+        g.metrics.call(outcome, self.attempt)
 
 
 class Guard:
@@ -448,7 +575,7 @@ class Guard:
         if fail_open_limit < 0:
             raise ValueError(f"fail_open_limit must not be negative, got {fail_open_limit}")
         _check_client(redis_client)
-        self.proto = P.Client(redis_client, dependency)
+        self.proto = P.Client(_bounded(redis_client, redis_timeout), dependency)
         self.dependency = str(self.proto.dep)
         self.lease_ttl = lease_ttl
         self._ttl_ms = max(int(lease_ttl * 1000), 1)
@@ -470,13 +597,21 @@ class Guard:
         self._local = threading.BoundedSemaphore(fail_open_limit) if fail_open_limit > 0 else None
         self._backoff_lock = threading.Lock()
         self.last_backoff = R.FALLBACK
+        self._flight_lock = threading.Lock()
+        # Calls admitted through Redis and not yet done, and those of them
+        # whose lease the fleet no longer counts. A Permit done is dropped
+        # from both when read, so an interrupt cannot leave one behind.
+        self._running = set()
+        self._lost = set()
+        self._handoff = threading.local()
         self.renewals = 0  # successful lease renewals, for tests
 
     def close(self) -> None:
         """Stop the background threads (forgetter, renewer). Leases not yet
         forgotten expire with their TTL, and so do the leases of calls still
-        running (no more renewals): close the guard once its calls have
-        ended. Safe to call more than once."""
+        running (no more renewals): their permits are marked lost, so that
+        those calls can stop, and they are released as cancelled. Close the
+        guard once its calls have ended. Safe to call more than once."""
         self._forget.close()
         self._renewer.close()
 
@@ -489,24 +624,75 @@ class Guard:
 
     # -- the call path ----------------------------------------------------
 
-    def call(self, fn: Callable[[], object], job: Optional[Job] = None):
+    def _track(self, permits: set, p: "Permit") -> None:
+        with self._flight_lock:
+            permits.add(p)
+
+    def _untrack(self, p: "Permit") -> None:
+        with self._flight_lock:
+            self._running.discard(p)
+            self._lost.discard(p)
+
+    def _count_flight(self):
+        with self._flight_lock:
+            for permits in (self._running, self._lost):
+                for p in [p for p in permits if p._done]:
+                    permits.discard(p)
+            return len(self._running), len(self._lost)
+
+    @property
+    def in_flight(self) -> int:
+        """Calls admitted through Redis (not fail-open) that have not ended."""
+        return self._count_flight()[0]
+
+    @property
+    def lost_in_flight(self) -> int:
+        """Of those, calls whose lease the fleet no longer counts (Permit.lost)."""
+        return self._count_flight()[1]
+
+    def call(self, fn: Callable[..., object], job: Optional[Job] = None, *, pass_permit: bool = False):
         """Run fn() once under the fleet's protections and return its result,
         or raise: a SpillwayError saying what to do with the job (see
         decide()), or a Permanent's wrapped error. An interrupt
         (KeyboardInterrupt, SystemExit) releases the slot, counting nothing,
-        and goes on to the caller."""
+        and goes on to the caller, and so do Celery's Retry, Ignore and
+        Reject; a failure of a final job is counted and raised as is.
+
+        fn gets the Permit as its argument with pass_permit=True, and
+        current_permit() returns it while fn runs: a long call watches
+        permit.lost (see Permit)."""
         if fn is None:
             raise ValueError("function must not be None")
-        permit = self.acquire(job)
+        permit = None
+        self._handoff.permit = None
+        outer = _current.get()
         try:
-            result = fn()
-        except Exception as exc:
-            permit.done(exc)
-            raise  # unreachable: done raised
-        except BaseException:
+            permit = self.acquire(job)  # inside the try: an interrupt after it leaks nothing
+            self._handoff.permit = None
+            _current.set(permit)
+            result = fn(permit) if pass_permit else fn()
+            _current.set(outer)
+        except BaseException as exc:
+            _current.set(outer)  # set, not reset: an interrupt may have come before a token
+            if permit is None:
+                # Refused, or interrupted (an interrupt, or a Celery soft
+                # time limit, which is an Exception) as acquire returned.
+                permit, self._handoff.permit = getattr(self._handoff, "permit", None), None
+                if permit is not None:
+                    permit.abandon()
+                raise
+            if isinstance(exc, Exception):
+                try:
+                    permit.done(exc)  # raises the decision, or returns: raise exc on
+                finally:
+                    permit.abandon()  # nothing once done; an interrupt on the way in
+                raise
             permit.abandon()
             raise
-        permit.done(None)
+        try:
+            permit.done(None)
+        finally:
+            permit.abandon()  # nothing once done; an interrupt on the way in
         return result
 
     def slot(self, job: Optional[Job] = None) -> Permit:
@@ -516,11 +702,17 @@ class Guard:
     def supersede(self, key: str, version: int) -> None:
         """Announce that version of the job key exists (call it when the newer
         job is enqueued), so queued older versions are dropped unrun."""
+        if not key:
+            raise ValueError("job key must not be empty")
+        if not 0 <= version <= P.MAX_JOB_VERSION:
+            raise ValueError(f"job version must be in [0, 2^53), got {version}")
         try:
             self.proto.supersede(key, version, int(self.job_ttl * 1000), timeout=self.redis_timeout)
         except (P.RedisUnsent, P.RedisUnread):
             self.metrics.redis_errors.inc()
             raise
+        except _BAD_REPLY as e:
+            raise self._bad_reply(e) from e
 
     def acquire(self, job: Optional[Job] = None) -> Permit:
         """Admit one call (a Permit: call done() once, or use it in a with
@@ -537,18 +729,20 @@ class Guard:
         stop_waiting = start + self.max_wait if self.max_wait > 0 else None
         pause = 0.0
         while True:
-            try:
-                adm, sent = self._acquire_once(job)
-            except (P.NoPolicyError, P.VersionError) as e:
-                refusal = E.NoPolicy(self._jitter_up(self.defer_delay), cause=e)
-                self._count(refusal)
-                raise refusal from e
-            except (P.RedisUnsent, P.RedisUnread, redis.RedisError) as e:
-                return self._unavailable(job, e)
-            refusal = self._refusal(adm)
+            refusal = self._over_leases()
             if refusal is None:
-                self.metrics.slot_wait.observe(time.monotonic() - start)
-                return Permit(self, job, adm, sent)
+                try:
+                    permit, refusal = self._acquire_once(job, start)
+                except (P.NoPolicyError, P.VersionError) as e:
+                    refusal = E.NoPolicy(self._jitter_up(self.defer_delay), cause=e)
+                    self._count(refusal)
+                    raise refusal from e
+                except (P.RedisUnsent, P.RedisUnread, redis.RedisError) as e:
+                    return self._unavailable(job, e)
+                except _BAD_REPLY as e:
+                    raise self._bad_reply(e) from e
+                if permit is not None:
+                    return permit
             if not self.wait_for_slot or refusal.action != E.DEFER or isinstance(refusal, E.BreakerOpen):
                 self._count(refusal)
                 raise refusal
@@ -563,13 +757,49 @@ class Guard:
                 raise refusal
             time.sleep(sleep)
 
-    def _acquire_once(self, job: Job):
+    def _admitted(self, job: Job, adm: P.Admission, sent: float, start: float) -> Permit:
+        """The Permit of an admitted call. An interrupt (KeyboardInterrupt, a
+        Celery SoftTimeLimitExceeded) before the caller holds it releases
+        the lease (or hands it to the forgetter), so nothing leaks."""
+        permit = None
+        try:
+            permit = Permit(self, job, adm, sent)
+            permit._start()
+            self.metrics.slot_wait.observe(time.monotonic() - start)
+            self._handoff.permit = permit  # for call(), should an interrupt drop the return value
+            return permit
+        except BaseException:
+            if permit is not None:
+                permit.abandon()
+            raise
+
+    def _bad_reply(self, err: BaseException) -> E.BadReply:
+        """A reply outside the protocol: fail closed, as for Redis unavailable."""
+        self.metrics.redis_errors.inc()
+        refusal = E.BadReply(self._jitter_up(self.defer_delay), cause=err)
+        self._count(refusal)
+        return refusal
+
+    def _over_leases(self) -> Optional[E.SpillwayError]:
+        """Throttled while a call whose lease is lost still runs: the process
+        then runs more calls than the leases it holds, and a new lease
+        would let the fleet run one call more than its limit."""
+        running, lost = self._count_flight()
+        if lost <= 0:
+            return None
+        d = self.throttle_delay
+        return E.Throttled(d / 2 + self._rand() * d / 2,
+                           detail=f"{lost} of this process's {running} calls run on after their lease was lost")
+
+    def _acquire_once(self, job: Job, start: float):
         """Ask Redis for a slot under a fresh lease id, with the Redis time
-        after which the reply would no longer be read. A reply not read (a
-        timeout, a broken connection, an interrupt) hands the lease to the
-        forgetter; a reply that came in time but was refused as late means
-        Redis's clock moved: the estimate restarts and the request is made
-        once more."""
+        after which the reply would no longer be read: (Permit, None) or
+        (None, refusal). A reply not read (a timeout, a broken connection)
+        and anything that interrupts the admission before the caller holds
+        its Permit (KeyboardInterrupt, a Celery soft time limit) hand the
+        lease to the forgetter; a reply that came in time but was refused as
+        late means Redis's clock moved: the estimate restarts and the
+        request is made once more."""
         for retried in (False, True):
             lease = P.new_lease_id()  # never reuse an id that may be forgotten
             sent = time.monotonic()
@@ -577,19 +807,23 @@ class Guard:
             try:
                 adm = self.proto.acquire(lease, self._ttl_ms, deadline_ms, job.key, job.version,
                                          int(self.job_ttl * 1000), timeout=self.redis_timeout)
+                if adm.code == P.REFUSED_LATE:
+                    self.clock.reset(sent, adm.now_ms)
+                    if not retried:
+                        continue
+                else:
+                    self.clock.observe(sent, adm.now_ms)
+                refusal = self._refusal(adm)
+                if refusal is not None:
+                    return None, refusal
+                return self._admitted(job, adm, sent, start), None
             except (P.NoPolicyError, P.VersionError, P.RedisUnsent, redis.ResponseError):
                 raise  # Redis answered, or never saw it: nothing written
             except BaseException:
-                # If it ran, it ran by its deadline: its lease ends a TTL later.
+                # If it ran, it ran by its deadline: its lease ends a TTL
+                # later. (A Permit already made was released by _admitted.)
                 self._forget.add(lease, sent + late + self.lease_ttl)
                 raise
-            if adm.code == P.REFUSED_LATE:
-                self.clock.reset(sent, adm.now_ms)
-                if not retried:
-                    continue
-            else:
-                self.clock.observe(sent, adm.now_ms)
-            return adm, sent
 
     def _refusal(self, adm: P.Admission) -> Optional[E.SpillwayError]:
         if adm.code == P.ADMITTED:
@@ -641,7 +875,7 @@ class Guard:
             self.metrics.budget_refusals.inc()
             with self._backoff_lock:
                 b = self.last_backoff
-            raise E.BudgetExhausted(self._draw(lambda r: R.park(b, r)), cause=exc,
+            raise E.BudgetExhausted(self._parked(b, exc), cause=exc,
                                     detail=f"the budget could not be read: {e!r}") from exc
         b = R.Backoff(d.backoff_base_ms / 1000, d.backoff_max_ms / 1000, d.jitter or R.FULL)
         if not b.valid():
@@ -650,12 +884,22 @@ class Guard:
             self.last_backoff = b
         if not d.allowed:
             self.metrics.budget_refusals.inc()
-            raise E.BudgetExhausted(self._draw(lambda r: R.park(b, r)), cause=exc) from exc
+            raise E.BudgetExhausted(self._parked(b, exc), cause=exc) from exc
         self.metrics.retries.inc()
         after = self._draw(lambda r: b.delay(max(job.attempt, 1), r))
-        if isinstance(exc, E.RetryAfter):
-            after = max(after, self._draw(lambda r: R.retry_after(exc.after, r)))
+        if isinstance(exc, E.RetryRequest) and exc.after is not None:
+            after = exc.after  # the caller's own delay, charged all the same
+        server = exc.cause if isinstance(exc, E.RetryRequest) else exc
+        if isinstance(server, E.RetryAfter):
+            after = max(after, self._draw(lambda r: R.retry_after(server.after, r)))
         raise E.CallFailed(after, cause=exc) from exc
+
+    def _parked(self, b: R.Backoff, exc: BaseException) -> float:
+        """The parking delay, never sooner than a RetryRequest's own."""
+        park = self._draw(lambda r: R.park(b, r))
+        if isinstance(exc, E.RetryRequest) and exc.after is not None:
+            park = max(park, exc.after)
+        return park
 
     # -- randomness ------------------------------------------------------
 
@@ -669,6 +913,26 @@ class Guard:
 
     def _jitter_up(self, d: float) -> float:
         return self._draw(lambda r: R.retry_after(d, r))
+
+
+def _bounded(rdb, timeout: float):
+    """The client the guard talks through: for a plain redis.Redis, one with
+    its own pool of the same settings (address, password, TLS, retry, ...)
+    but whose connect and handshake (AUTH, SELECT, HELLO) are each bounded
+    by redis_timeout, so that a refusal when Redis is down takes about
+    redis_timeout, not the client's socket_connect_timeout or
+    socket_timeout. Any other client (a Sentinel master client, a custom
+    pool) is used as given."""
+    pool = getattr(rdb, "connection_pool", None)
+    if type(pool) is not redis.ConnectionPool or not isinstance(rdb, redis.Redis):
+        return rdb
+    kw = dict(pool.connection_kwargs)
+    for name in ("socket_connect_timeout", "socket_timeout"):
+        v = kw.get(name)
+        kw[name] = timeout if v is None else min(v, timeout)
+    bounded = redis.ConnectionPool(connection_class=pool.connection_class,
+                                   max_connections=pool.max_connections, **kw)
+    return redis.Redis(connection_pool=bounded)
 
 
 def _check_client(rdb) -> None:

@@ -32,25 +32,27 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server process on 127.0.0.1, with no persistence."""
 
-    def __init__(self):
+    def __init__(self, *args, password=None):
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server not found: run hack/setup-redis.sh (make redis)")
         self.dir = tempfile.mkdtemp(prefix="spillway-py-redis-")
         self.port = free_port()
         self.binary = binary
+        self.password = password
+        self.args = list(args) + (["--requirepass", password] if password else [])
         self.proc = None
         self.start()
 
     def start(self):
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--logfile", os.path.join(self.dir, "redis.log")],
+             "--appendonly", "no", "--dir", self.dir, "--logfile", os.path.join(self.dir, "redis.log")] + self.args,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:
             try:
-                redis.Redis(port=self.port, socket_timeout=1).ping()
+                redis.Redis(port=self.port, socket_timeout=1, password=self.password).ping()
                 return
             except redis.ConnectionError:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
@@ -59,6 +61,7 @@ class RedisServer:
 
     def client(self, **kw) -> redis.Redis:
         kw.setdefault("socket_timeout", 2)
+        kw.setdefault("password", self.password)
         return redis.Redis(host="127.0.0.1", port=self.port, **kw)
 
     def pause(self):
