@@ -352,3 +352,25 @@ g.close()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "called"
+
+
+def test_a_classify_that_raises_still_releases_the_slot(rdb, dep, make_guard):
+    """A bug in a custom classify (it raises) must not leak the slot: the
+    call is released as cancelled, and the classify's error reaches the
+    caller (issue 21, item 4; TestPanicInClassifyReleasesTheSlot in Go)."""
+    publish(rdb, dep, limit=1)
+
+    def broken(exc):
+        raise LookupError("classify bug")
+
+    g = make_guard(dep, classify=broken)
+
+    def fails():
+        raise ValueError("the dependency failed")
+
+    with pytest.raises(LookupError):
+        g.call(fails)
+    assert g.proto.live_leases() == 0, "the slot was freed"
+    assert g.call(lambda: 7) == 7, "the next call is admitted at limit 1"
+    w = g.proto.window(60)
+    assert (w["failures"], w["timeouts"]) == (0, 0), "the broken classification counted no failure"
