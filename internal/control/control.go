@@ -8,7 +8,6 @@
 package control
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/breaker"
@@ -332,102 +331,6 @@ func Limit(p policy.Params, state wire.State, rampLimit int64) int64 {
 	return p.Capacity
 }
 
-// Restore is what the controller continues from when Redis holds no state
-// for the policy (Redis was flushed, or lost its data in a restart): the
-// state, ramp step and last transition time it last wrote to the policy's
-// status. state "" (a policy never evaluated) restores as Closed at full
-// capacity, with the ramp complete for a StepDuration already, so that the
-// step-back rule does not judge a new policy's first minute as a ramp step; a
-// zero or future lastTransition counts as now. An Open breaker
-// keeps its transition time, so it half-opens when it would have; a ramp step
-// starts again at now, since its start is not in status. The epoch is 0, so
-// Plan publishes epoch 1 and any stale probe counts are cleared.
-func Restore(p policy.Params, state wire.State, rampStep int, lastTransition, now time.Time) protocol.Published {
-	return RestoreSaved(p, Saved{State: state, RampStep: rampStep, LastTransition: lastTransition}, now)
-}
-
-// Saved is what the policy's status keeps of the published state, for
-// RestoreSaved.
-type Saved struct {
-	// State is status.state.
-	State wire.State
-	// RampStep is status.rampStep.
-	RampStep int
-	// Limit is status.currentLimit: below the first ramp step, the limit a
-	// step back reached.
-	Limit int64
-	// RampCeiling is status.rampCeiling.
-	RampCeiling int64
-	// LastTransition is status.lastTransitionTime.
-	LastTransition time.Time
-}
-
-// RestoreSaved is Restore from everything status keeps: a Ramping state also
-// keeps the limit below the first step and the ceiling that step backs
-// reached, with one backoff (the hold before the ceiling is twice the step
-// duration), so a manager that lost Redis's state neither forgets a step back
-// nor jumps to a higher limit.
-func RestoreSaved(p policy.Params, s Saved, now time.Time) protocol.Published {
-	state, rampStep, lastTransition := s.State, s.RampStep, s.LastTransition
-	since := now
-	if !lastTransition.IsZero() && !lastTransition.After(now) {
-		since = lastTransition
-	}
-	out := protocol.Published{
-		State:           wire.Closed,
-		BreakerSince:    since,
-		RampStep:        len(p.Ramp.Steps) - 1,
-		RampStepStarted: since,
-	}
-	switch state {
-	case "":
-		out.RampStepStarted = since.Add(-p.Ramp.StepDuration)
-	case wire.Open, wire.HalfOpen:
-		out.State = state
-	case wire.Ramping:
-		out.State = wire.Ramping
-		out.RampStep = min(max(rampStep, 0), len(p.Ramp.Steps)-1)
-		out.RampStepStarted = now
-		if out.RampStep == 0 && len(p.Ramp.Steps) > 0 && s.Limit >= 1 && s.Limit < p.Ramp.Steps[0] {
-			out.RampLimit = s.Limit
-		}
-		if s.RampCeiling > 0 {
-			out.RampCeiling, out.RampBackoffs = s.RampCeiling, 1
-		}
-	}
-	return out
-}
-
-// restore builds the breaker and ramp a published state describes. A Closed
-// state means the ramp is done, whatever step was stored: a capacity change
-// must not turn a closed breaker into a ramp.
-func restore(p policy.Params, prev protocol.Published, clk fixedClock) (*breaker.Breaker, *ramp.Ramp) {
-	state := prev.State.BreakerState()
-	// A time after now was written by a clock ahead of Redis's (a manager
-	// before the evaluator planned by Redis time, or a Redis failover to a
-	// node behind): it counts as now, or the window would stay empty and the
-	// breaker could not open until Redis's clock caught up.
-	since := prev.BreakerSince
-	if since.IsZero() || since.After(clk.Now()) {
-		since = clk.Now()
-	}
-	b := breaker.Restore(p.Breaker, clk, breaker.Snapshot{State: state, Since: since})
-	step := prev.RampStep
-	if prev.State != wire.Ramping && b.State() == wire.Closed {
-		step = len(p.Ramp.Steps) - 1
-	}
-	started := prev.RampStepStarted
-	if started.IsZero() || started.After(clk.Now()) {
-		started = clk.Now()
-	}
-	snap := ramp.Snapshot{
-		Step: step, StepStarted: started,
-		Limit: prev.RampLimit, Ceiling: prev.RampCeiling, Backoffs: prev.RampBackoffs, Settling: prev.RampSettling,
-	}
-	r := ramp.Restore(p.Ramp, clk, snap)
-	return b, r
-}
-
 // publishedState is Ramping for a closed breaker whose ramp is not done, and
 // the breaker's state otherwise.
 func publishedState(s wire.State, r *ramp.Ramp) wire.State {
@@ -435,46 +338,4 @@ func publishedState(s wire.State, r *ramp.Ramp) wire.State {
 		return wire.Ramping
 	}
 	return s
-}
-
-func breakerReason(to wire.State) string {
-	switch to {
-	case wire.Open:
-		return EventOpened
-	case wire.HalfOpen:
-		return EventHalfOpened
-	}
-	return EventClosed
-}
-
-func breakerMessage(p policy.Params, t breaker.Transition, window, probes breaker.Counts, r *ramp.Ramp) string {
-	switch {
-	case t.To == wire.Open && t.From == wire.HalfOpen:
-		return fmt.Sprintf("A probe call failed (%d of %d failed): breaker reopened, limit 0 for %v",
-			probes.Failures, probes.Calls, p.Breaker.OpenDuration)
-	case t.To == wire.Open:
-		return fmt.Sprintf("%d of %d calls failed or timed out (failure ratio %.2f): breaker opened, limit 0 for %v",
-			window.Failures, window.Calls, p.Breaker.FailureRatio, p.Breaker.OpenDuration)
-	case t.To == wire.HalfOpen:
-		return fmt.Sprintf("Breaker half-open after %v: admitting %d probe calls", p.Breaker.OpenDuration, p.Breaker.HalfOpenProbes)
-	case r.Done():
-		return fmt.Sprintf("%d probe calls succeeded: breaker closed, limit %d (full capacity)", probes.Calls, r.Limit())
-	}
-	return fmt.Sprintf("%d probe calls succeeded: breaker closed, ramping from limit %d (step 1 of %d)",
-		probes.Calls, r.Limit(), len(p.Ramp.Steps))
-}
-
-func stepBackMessage(p policy.Params, window breaker.Counts, from int64, r *ramp.Ramp) string {
-	return fmt.Sprintf("%d of %d calls failed or timed out at limit %d (ratio above %.2f with 95%% confidence): stepped back to limit %d; limit %d is tried again after %v clean",
-		window.Failures, window.Calls, from, p.Ramp.StepBack.FailureRatio, r.Limit(), r.Ceiling(), r.Hold())
-}
-
-func rampMessage(p policy.Params, r *ramp.Ramp) string {
-	if r.Done() {
-		return fmt.Sprintf("Ramp complete: limit %d (full capacity)", r.Limit())
-	}
-	if r.Limit() < p.Ramp.Steps[r.Step()] {
-		return fmt.Sprintf("Ramp climbing back to its first step (%d): limit %d", p.Ramp.Steps[0], r.Limit())
-	}
-	return fmt.Sprintf("Ramp step %d of %d: limit %d", r.Step()+1, len(p.Ramp.Steps), r.Limit())
 }
