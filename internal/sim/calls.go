@@ -47,7 +47,7 @@ func (e *engine) admit() bool {
 // admitted it as a probe.
 func (e *engine) startCall(id int32, probe bool) {
 	now := e.clock.now
-	e.jobs[id].attempts++
+	e.jobs.attempt(id)
 	e.busy++
 	e.counters.startCall()
 	c := call{started: now, job: id, probe: probe}
@@ -82,8 +82,8 @@ func (e *engine) complete(c call) {
 // fail applies the policy to a job whose call failed: give up, retry after a
 // delay, or park when over the retry budget.
 func (e *engine) fail(id int32) {
-	j := &e.jobs[id]
-	if limit := e.sc.Arrivals.MaxAttempts; limit > 0 && int(j.attempts) >= limit {
+	attempts := int(e.jobs.attempts[id])
+	if limit := e.sc.Arrivals.MaxAttempts; limit > 0 && attempts >= limit {
 		e.finish(id, jobGaveUp)
 		return
 	}
@@ -91,8 +91,8 @@ func (e *engine) fail(id int32) {
 	if e.mech.budgeted {
 		calls, retries := e.counters.budgetWindow(now, e.params.Budget.Window)
 		if !e.params.Budget.Allows(retries, calls) {
-			if !j.parked {
-				j.parked = true
+			if !e.jobs.parked.has(id) {
+				e.jobs.parked.set(id)
 				e.stats.parked++
 			}
 			e.stats.parking++
@@ -101,7 +101,7 @@ func (e *engine) fail(id int32) {
 		}
 		e.counters.retryGranted()
 	}
-	if d := e.mech.delay(int(j.attempts), e.jitter); d > 0 {
+	if d := e.mech.delay(attempts, e.jitter); d > 0 {
 		e.timers.add(now+d, id, false)
 		return
 	}

@@ -54,7 +54,7 @@ type engine struct {
 	callDur, failDur time.Duration
 	rate             float64
 	classes          []class
-	jobs             []job
+	jobs             jobTable
 	keyLatest        []int32
 	ready            fifo
 	timers           delayQueue
@@ -104,8 +104,13 @@ func newEngine(sc *Scenario, params policy.Params, p Policy) *engine {
 		closedAfterT1: -1,
 	}
 	expected := sc.Arrivals.RatePerSecond*sc.Timeline.Horizon.Seconds()*1.01 + float64(sc.Arrivals.Backlog) + 1024
-	e.jobs = make([]job, 0, int(expected))
 	e.prepareClasses()
+	var deadlines, keys bool
+	for _, c := range e.classes {
+		deadlines = deadlines || c.deadline > 0
+		keys = keys || c.keys > 0
+	}
+	e.jobs = newJobTable(int(expected), deadlines, keys)
 	if e.mech.controlled {
 		e.ctl = newController(params, e.clock.Now())
 	}

@@ -60,17 +60,58 @@ func TestDelayQueueAddInCurrentSecond(t *testing.T) {
 }
 
 func TestFIFO(t *testing.T) {
-	var q fifo
-	for i := range int32(3000) {
-		q.push(i)
-		if i%3 == 0 {
-			if got := q.pop(); got != i/3 {
-				t.Fatalf("pop = %d, want %d", got, i/3)
-			}
-		}
+	tests := []struct {
+		name        string
+		pushes, pop int // push pushes ids, pop one every pop pushes (0: never)
+		drain       bool
+	}{
+		{"within a block", 100, 3, false},
+		{"across blocks", 3 * fifoBlockLen, 3, false},
+		{"a block boundary exactly", 2 * fifoBlockLen, 0, true},
+		{"drained and refilled", 2*fifoBlockLen + 7, 2, true},
 	}
-	if q.len() != 2000 || q.peek() != 1000 {
-		t.Fatalf("len %d, head %d; want 2000, 1000", q.len(), q.peek())
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var q fifo
+			var want []int32
+			seen := map[*fifoBlock]bool{}
+			for round := range 2 {
+				for i := range int32(tt.pushes) {
+					id := int32(round)*1e6 + i
+					q.push(id)
+					want = append(want, id)
+					if tt.pop > 0 && int(i)%tt.pop == 0 {
+						if got := q.pop(); got != want[0] {
+							t.Fatalf("pop = %d, want %d", got, want[0])
+						}
+						want = want[1:]
+					}
+				}
+				if q.len() != len(want) || q.peek() != want[0] {
+					t.Fatalf("len %d, head %d; want %d, %d", q.len(), q.peek(), len(want), want[0])
+				}
+				// A drained queue refilled as much reuses its blocks.
+				for _, b := range q.blocks {
+					if round == 0 {
+						seen[b] = true
+					} else if tt.drain && !seen[b] {
+						t.Fatalf("round 2 holds a new block: the drained ones were not reused")
+					}
+				}
+				if !tt.drain {
+					continue
+				}
+				for len(want) > 0 {
+					if got := q.pop(); got != want[0] {
+						t.Fatalf("drain: pop = %d, want %d", got, want[0])
+					}
+					want = want[1:]
+				}
+				if q.len() != 0 {
+					t.Fatalf("drained len = %d", q.len())
+				}
+			}
+		})
 	}
 }
 

@@ -6,26 +6,104 @@ import (
 	"time"
 )
 
-// jobState is where a job is in its life.
+// jobState is how a job ended.
 type jobState uint8
 
 const (
-	jobPending jobState = iota
-	jobDone
+	jobDone jobState = iota
 	jobStale
 	jobSuperseded
 	jobGaveUp
 )
 
-// job is one unit of work. Jobs live in one slice and are named by index.
-type job struct {
-	deadline time.Duration // 0: never expires
-	key      int32         // -1: not versioned
-	attempts int32
-	state    jobState
-	// parked is set once the job has been parked.
-	parked bool
+// jobTable holds every job of a run, named by index (its id), as parallel
+// arrays of small fields rather than one struct per job: a scenario at fleet
+// scale has tens of millions of jobs per policy. A field that no class uses
+// has no array: deadline is nil when no class has a deadline, key when no
+// class is versioned. About 14 bytes a job with both, 2 without.
+type jobTable struct {
+	// deadline is when the job stops being useful; 0: never.
+	deadline []time.Duration
+	// key is the entity a versioned job updates; -1: not versioned.
+	key []int32
+	// attempts counts the job's calls, saturating at maxAttempts (scenario
+	// validation keeps MaxAttempts within it, and backoff is constant long
+	// before it).
+	attempts []uint16
+	// parked is set once the job has been parked; ended once it has
+	// finished.
+	parked, ended bitset
 }
+
+// maxAttempts is the most calls a job counts.
+const maxAttempts = math.MaxUint16
+
+// newJobTable makes room for n jobs; deadlines and keys say whether any
+// class has a deadline or keys.
+func newJobTable(n int, deadlines, keys bool) jobTable {
+	t := jobTable{attempts: make([]uint16, 0, n), parked: newBitset(n), ended: newBitset(n)}
+	if deadlines {
+		t.deadline = make([]time.Duration, 0, n)
+	}
+	if keys {
+		t.key = make([]int32, 0, n)
+	}
+	return t
+}
+
+func (t *jobTable) len() int { return len(t.attempts) }
+
+// add appends a job and returns its id.
+func (t *jobTable) add(deadline time.Duration, key int32) int32 {
+	id := int32(len(t.attempts))
+	t.attempts = append(t.attempts, 0)
+	if t.deadline != nil {
+		t.deadline = append(t.deadline, deadline)
+	}
+	if t.key != nil {
+		t.key = append(t.key, key)
+	}
+	t.parked.grow(len(t.attempts))
+	t.ended.grow(len(t.attempts))
+	return id
+}
+
+func (t *jobTable) deadlineOf(id int32) time.Duration {
+	if t.deadline == nil {
+		return 0
+	}
+	return t.deadline[id]
+}
+
+func (t *jobTable) keyOf(id int32) int32 {
+	if t.key == nil {
+		return -1
+	}
+	return t.key[id]
+}
+
+// attempt counts a call of job id.
+func (t *jobTable) attempt(id int32) {
+	if t.attempts[id] < maxAttempts {
+		t.attempts[id]++
+	}
+}
+
+// bitset is one bit per job.
+type bitset []uint64
+
+func newBitset(n int) bitset { return make(bitset, 0, (n+63)/64) }
+
+// grow makes room for n bits.
+func (b *bitset) grow(n int) {
+	for len(*b)*64 < n {
+		*b = append(*b, 0)
+	}
+}
+
+func (b bitset) has(i int32) bool { return b[i/64]&(1<<(i%64)) != 0 }
+
+func (b bitset) set(i int32) { b[i/64] |= 1 << (i % 64) }
 
 // class is a JobClass prepared for drawing.
 type class struct {
@@ -69,17 +147,18 @@ func (e *engine) arrive(rnd *rand.Rand) {
 			break
 		}
 	}
-	now := e.clock.now
-	j := job{key: -1}
+	var deadline time.Duration
 	if c.deadline > 0 {
-		j.deadline = now + c.deadline
+		deadline = e.clock.now + c.deadline
 	}
-	id := int32(len(e.jobs))
+	key := int32(-1)
 	if c.keys > 0 {
-		j.key = c.keyBase + rnd.Int32N(c.keys)
-		e.keyLatest[j.key] = id
+		key = c.keyBase + rnd.Int32N(c.keys)
 	}
-	e.jobs = append(e.jobs, j)
+	id := e.jobs.add(deadline, key)
+	if key >= 0 {
+		e.keyLatest[key] = id
+	}
 	e.stats.pending++
 	e.ready.push(id)
 }
@@ -87,11 +166,10 @@ func (e *engine) arrive(rnd *rand.Rand) {
 // dropUseless finishes a job that is past its deadline or superseded, and
 // reports whether it did.
 func (e *engine) dropUseless(id int32) bool {
-	j := &e.jobs[id]
 	switch {
-	case j.deadline > 0 && e.clock.now > j.deadline:
+	case e.pastDeadline(id, e.clock.now):
 		e.finish(id, jobStale)
-	case j.key >= 0 && e.keyLatest[j.key] != id:
+	case e.superseded(id):
 		e.finish(id, jobSuperseded)
 	default:
 		return false
@@ -99,9 +177,21 @@ func (e *engine) dropUseless(id int32) bool {
 	return true
 }
 
+// pastDeadline reports whether job id has a deadline before now.
+func (e *engine) pastDeadline(id int32, now time.Duration) bool {
+	d := e.jobs.deadlineOf(id)
+	return d > 0 && now > d
+}
+
+// superseded reports whether a newer job for job id's key has arrived.
+func (e *engine) superseded(id int32) bool {
+	k := e.jobs.keyOf(id)
+	return k >= 0 && e.keyLatest[k] != id
+}
+
 // finish records a job's end.
 func (e *engine) finish(id int32, s jobState) {
-	e.jobs[id].state = s
+	e.jobs.ended.set(id)
 	e.stats.pending--
 	switch s {
 	case jobDone:
@@ -120,15 +210,14 @@ func (e *engine) finish(id int32, s jobState) {
 func (e *engine) snapshotRecovery() {
 	now := e.clock.now
 	b := Backlog{Pending: e.stats.pending}
-	for id := range e.jobs {
-		j := &e.jobs[id]
-		if j.state != jobPending {
+	for id := range int32(e.jobs.len()) {
+		if e.jobs.ended.has(id) {
 			continue
 		}
 		switch {
-		case j.deadline > 0 && now > j.deadline:
+		case e.pastDeadline(id, now):
 			b.PastDeadline++
-		case j.key >= 0 && e.keyLatest[j.key] != int32(id):
+		case e.superseded(id):
 			b.Superseded++
 		default:
 			b.Useful++

@@ -2,38 +2,55 @@ package sim
 
 import "time"
 
-// fifo is a growable ring buffer of job ids: the queue of ready work, in the
-// order the jobs became ready.
+// fifo is the queue of ready work, job ids in the order the jobs became
+// ready. It is a list of fixed blocks, not a ring buffer that doubles: a
+// fleet-scale backlog holds tens of millions of ids, and doubling would
+// reserve up to twice them and copy them all at each growth. An emptied
+// block is kept for reuse.
 type fifo struct {
-	buf        []int32
-	head, size int
+	blocks     []*fifoBlock
+	head, tail int // next to pop in blocks[0], next free in the last block
+	size       int
+	spare      []*fifoBlock
 }
+
+const fifoBlockLen = 4096
+
+type fifoBlock [fifoBlockLen]int32
 
 func (q *fifo) len() int { return q.size }
 
 func (q *fifo) push(id int32) {
-	if q.size == len(q.buf) {
-		q.grow()
+	if len(q.blocks) == 0 || q.tail == fifoBlockLen {
+		var b *fifoBlock
+		if n := len(q.spare); n > 0 {
+			b, q.spare = q.spare[n-1], q.spare[:n-1]
+		} else {
+			b = new(fifoBlock)
+		}
+		q.blocks = append(q.blocks, b)
+		q.tail = 0
 	}
-	q.buf[(q.head+q.size)%len(q.buf)] = id
+	q.blocks[len(q.blocks)-1][q.tail] = id
+	q.tail++
 	q.size++
 }
 
-func (q *fifo) peek() int32 { return q.buf[q.head] }
+func (q *fifo) peek() int32 { return q.blocks[0][q.head] }
 
 func (q *fifo) pop() int32 {
-	id := q.buf[q.head]
-	q.head = (q.head + 1) % len(q.buf)
+	id := q.blocks[0][q.head]
+	q.head++
 	q.size--
-	return id
-}
-
-func (q *fifo) grow() {
-	buf := make([]int32, max(2*len(q.buf), 1024))
-	for i := 0; i < q.size; i++ {
-		buf[i] = q.buf[(q.head+i)%len(q.buf)]
+	if q.head == fifoBlockLen || q.size == 0 {
+		// The first block is used up, or the queue is empty and that block
+		// is the only one: keep it for reuse.
+		q.spare = append(q.spare, q.blocks[0])
+		q.blocks[0] = nil
+		q.blocks = q.blocks[1:]
+		q.head = 0
 	}
-	q.buf, q.head = buf, 0
+	return id
 }
 
 // call is a call in flight at the dependency.

@@ -174,7 +174,7 @@ func (e *engine) withheld(throughput float64) float64 {
 
 // result collects the run's metrics.
 func (e *engine) result(p Policy) Result {
-	jobs := int64(len(e.jobs))
+	jobs := int64(e.jobs.len())
 	found := e.pendingFound()
 	s := e.stats
 	r := Result{
