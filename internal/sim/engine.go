@@ -54,7 +54,7 @@ type engine struct {
 	callDur, failDur time.Duration
 	rate             float64
 	classes          []class
-	jobs             jobTable
+	jobs             *jobTable
 	keyLatest        []int32
 	ready            fifo
 	timers           delayQueue
@@ -75,8 +75,9 @@ type engine struct {
 	recovery         Backlog
 }
 
-// newEngine prepares a run; the scenario must be defaulted and valid.
-func newEngine(sc *Scenario, params policy.Params, p Policy) *engine {
+// newEngine prepares a run; the scenario must be defaulted and valid. jobs,
+// when not nil, is a job table to reuse.
+func newEngine(sc *Scenario, params policy.Params, p Policy, jobs *jobTable) *engine {
 	seconds := int(sc.Timeline.Horizon.Duration/time.Second) + 2
 	e := &engine{
 		sc:            sc,
@@ -110,7 +111,11 @@ func newEngine(sc *Scenario, params policy.Params, p Policy) *engine {
 		deadlines = deadlines || c.deadline > 0
 		keys = keys || c.keys > 0
 	}
-	e.jobs = newJobTable(int(expected), deadlines, keys)
+	if jobs == nil {
+		jobs = new(jobTable)
+	}
+	jobs.reset(int(expected), deadlines, keys)
+	e.jobs = jobs
 	if e.mech.controlled {
 		e.ctl = newController(params, e.clock.Now())
 	}

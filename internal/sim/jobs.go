@@ -38,17 +38,26 @@ type jobTable struct {
 // maxAttempts is the most calls a job counts.
 const maxAttempts = math.MaxUint16
 
-// newJobTable makes room for n jobs; deadlines and keys say whether any
-// class has a deadline or keys.
-func newJobTable(n int, deadlines, keys bool) jobTable {
-	t := jobTable{attempts: make([]uint16, 0, n), parked: newBitset(n), ended: newBitset(n)}
-	if deadlines {
-		t.deadline = make([]time.Duration, 0, n)
+// reset empties the table and makes room for n jobs, reusing its arrays
+// where they are large enough; deadlines and keys say whether any class has
+// a deadline or keys.
+func (t *jobTable) reset(n int, deadlines, keys bool) {
+	t.attempts = reuse(t.attempts, n, true)
+	t.deadline = reuse(t.deadline, n, deadlines)
+	t.key = reuse(t.key, n, keys)
+	t.parked = reuse(t.parked, (n+63)/64, true)
+	t.ended = reuse(t.ended, (n+63)/64, true)
+}
+
+// reuse returns s emptied with room for n elements, or nil if not needed.
+func reuse[S ~[]E, E any](s S, n int, needed bool) S {
+	switch {
+	case !needed:
+		return nil
+	case cap(s) >= n:
+		return s[:0]
 	}
-	if keys {
-		t.key = make([]int32, 0, n)
-	}
-	return t
+	return make(S, 0, n)
 }
 
 func (t *jobTable) len() int { return len(t.attempts) }
@@ -92,9 +101,7 @@ func (t *jobTable) attempt(id int32) {
 // bitset is one bit per job.
 type bitset []uint64
 
-func newBitset(n int) bitset { return make(bitset, 0, (n+63)/64) }
-
-// grow makes room for n bits.
+// grow makes room for n bits; the bits added are clear.
 func (b *bitset) grow(n int) {
 	for len(*b)*64 < n {
 		*b = append(*b, 0)

@@ -1,6 +1,10 @@
 package sim
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"time"
+)
 
 // fifo is the queue of ready work, job ids in the order the jobs became
 // ready. It is a list of fixed blocks, not a ring buffer that doubles: a
@@ -115,22 +119,43 @@ func (t timer) before(u timer) bool {
 }
 
 // delayQueue is the event queue of the jobs waiting to retry: a calendar
-// queue with one bucket per virtual second, and a 4-ary min-heap holding
-// only the timers of the current second. The engine calls startSecond at
+// queue with one bucket per virtual second. The engine calls startSecond at
 // every tick, which is itself an event, so a timer in a later second can
-// never be the next event while the heap is empty. Adding a timer for a
-// later second is an append and the heap stays as small as one second's
-// timers, so it stays in cache. Timers past the last bucket never fire.
+// never be the next event while the current second has none left. Adding a
+// timer for a later second is an append to its bucket, a list of fixed
+// blocks shared with every other bucket, so that a fleet-scale run neither
+// copies buckets as they grow nor leaves their old arrays to the garbage
+// collector. When its second becomes current, the bucket is copied into one
+// reused array and sorted once, which costs far less than a heap's sift per
+// timer. Timers added for the current second itself go to a 4-ary min-heap,
+// and pop takes the earlier of the two heads. Timers past the last bucket
+// never fire.
 type delayQueue struct {
-	buckets [][]timer // timers of second k, for k > cur
-	cur     int       // the current second: h holds its timers
-	h       []timer
-	n       int
-	spare   [][]timer // emptied buckets, reused to spare the allocator
+	buckets []bucket // timers of second k, for k > cur
+	cur     int      // the current second
+	// sorted is the current second's bucket in order; its timers from head
+	// on are still waiting.
+	sorted []timer
+	head   int
+	// h holds the timers added for the current second while it was current.
+	h     []timer
+	n     int
+	spare []*timerBlock // emptied blocks, for any bucket to reuse
 }
 
+// bucket is the timers of one second: n timers in blocks, all full but the
+// last.
+type bucket struct {
+	blocks []*timerBlock
+	n      int
+}
+
+const timerBlockLen = 512
+
+type timerBlock [timerBlockLen]timer
+
 func newDelayQueue(seconds int) delayQueue {
-	return delayQueue{buckets: make([][]timer, seconds)}
+	return delayQueue{buckets: make([]bucket, seconds)}
 }
 
 func (d *delayQueue) len() int { return d.n }
@@ -143,46 +168,80 @@ func (d *delayQueue) add(at time.Duration, job int32, parking bool) {
 	case sec <= d.cur:
 		d.push(t)
 	case sec < len(d.buckets):
-		b := d.buckets[sec]
-		if b == nil && len(d.spare) > 0 {
-			b, d.spare = d.spare[len(d.spare)-1], d.spare[:len(d.spare)-1]
+		b := &d.buckets[sec]
+		if b.n%timerBlockLen == 0 {
+			var block *timerBlock
+			if n := len(d.spare); n > 0 {
+				block, d.spare = d.spare[n-1], d.spare[:n-1]
+			} else {
+				block = new(timerBlock)
+			}
+			b.blocks = append(b.blocks, block)
 		}
-		d.buckets[sec] = append(b, t)
+		b.blocks[len(b.blocks)-1][b.n%timerBlockLen] = t
+		b.n++
 	}
 }
 
-// startSecond makes second k current, moving its bucket into the heap. The
-// heap is empty then: its timers all fell before k.
+// startSecond makes second k current, sorting its bucket. The second before
+// has no timer left then: its timers all fell before k.
 func (d *delayQueue) startSecond(k int) {
 	d.cur = k
-	if k >= len(d.buckets) || len(d.buckets[k]) == 0 {
+	d.sorted, d.head = d.sorted[:0], 0
+	if k >= len(d.buckets) || d.buckets[k].n == 0 {
 		return
 	}
 	b := d.buckets[k]
-	for _, t := range b {
-		d.push(t)
+	for i, block := range b.blocks {
+		d.sorted = append(d.sorted, block[:min(timerBlockLen, b.n-i*timerBlockLen)]...)
+		d.spare = append(d.spare, block)
 	}
-	d.buckets[k] = nil
-	d.spare = append(d.spare, b[:0])
+	d.buckets[k] = bucket{}
+	slices.SortFunc(d.sorted, compareTimers)
+}
+
+// compareTimers orders timers as before does.
+func compareTimers(t, u timer) int {
+	if c := cmp.Compare(t.at, u.at); c != 0 {
+		return c
+	}
+	return cmp.Compare(t.job, u.job)
+}
+
+// fromSorted reports whether the earliest timer is the sorted bucket's head
+// rather than the heap's; either must hold a timer.
+func (d *delayQueue) fromSorted() bool {
+	if d.head == len(d.sorted) {
+		return false
+	}
+	return len(d.h) == 0 || d.sorted[d.head].before(d.h[0])
 }
 
 // next returns the earliest time in the current second, or never.
 func (d *delayQueue) next() time.Duration {
-	if len(d.h) == 0 {
-		return never
+	switch {
+	case d.head < len(d.sorted) && (len(d.h) == 0 || d.sorted[d.head].at <= d.h[0].at):
+		return d.sorted[d.head].at
+	case len(d.h) > 0:
+		return d.h[0].at
 	}
-	return d.h[0].at
+	return never
 }
 
 // pop removes the earliest timer; next must have returned a time.
 func (d *delayQueue) pop() timer {
+	d.n--
+	if d.fromSorted() {
+		t := d.sorted[d.head]
+		d.head++
+		return t
+	}
 	top := d.h[0]
 	last := d.h[len(d.h)-1]
 	d.h = d.h[:len(d.h)-1]
 	if len(d.h) > 0 {
 		d.siftDown(0, last)
 	}
-	d.n--
 	return top
 }
 

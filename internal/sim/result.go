@@ -206,11 +206,14 @@ func (e *engine) result(p Policy) Result {
 	return r
 }
 
-// simulate runs one policy on a defaulted, valid scenario.
-func simulate(sc *Scenario, params policy.Params, p Policy) Result {
-	e := newEngine(sc, params, p)
+// simulate runs one policy on a defaulted, valid scenario, with a job table
+// from tables, to which it returns it.
+func simulate(sc *Scenario, params policy.Params, p Policy, tables *tablePool) Result {
+	e := newEngine(sc, params, p, tables.get())
 	e.run()
-	return e.result(p)
+	r := e.result(p)
+	tables.put(e.jobs)
+	return r
 }
 
 func round(v float64, digits int) float64 {
