@@ -75,9 +75,9 @@ type engine struct {
 	recovery         Backlog
 }
 
-// newEngine prepares a run; the scenario must be defaulted and valid. jobs,
-// when not nil, is a job table to reuse.
-func newEngine(sc *Scenario, params policy.Params, p Policy, jobs *jobTable) *engine {
+// newEngine prepares a run; the scenario must be defaulted and valid. It
+// reuses buf, the buffers of an earlier run (or none).
+func newEngine(sc *Scenario, params policy.Params, p Policy, buf buffers) *engine {
 	seconds := int(sc.Timeline.Horizon.Duration/time.Second) + 2
 	e := &engine{
 		sc:            sc,
@@ -111,16 +111,29 @@ func newEngine(sc *Scenario, params policy.Params, p Policy, jobs *jobTable) *en
 		deadlines = deadlines || c.deadline > 0
 		keys = keys || c.keys > 0
 	}
-	if jobs == nil {
-		jobs = new(jobTable)
+	e.jobs = buf.jobs
+	if e.jobs == nil {
+		e.jobs = new(jobTable)
 	}
-	jobs.reset(int(expected), deadlines, keys)
-	e.jobs = jobs
+	e.jobs.reset(int(expected), deadlines, keys)
+	e.ready.spare = buf.ready
+	e.timers.spare = buf.timers
 	if e.mech.controlled {
 		e.ctl = newController(params, e.clock.Now())
 	}
 	e.nextArrival = e.interarrival()
 	return e
+}
+
+// release returns the run's buffers, once it has its result, for another
+// run to reuse: what they hold is overwritten as they fill again.
+func (e *engine) release() buffers {
+	b := buffers{jobs: e.jobs, ready: append(e.ready.spare, e.ready.blocks...), timers: e.timers.spare}
+	for _, bucket := range e.timers.buckets {
+		b.timers = append(b.timers, bucket.blocks...)
+	}
+	e.jobs, e.ready, e.timers = nil, fifo{}, delayQueue{}
+	return b
 }
 
 // run processes events in time order over [0, horizon): the run ends with

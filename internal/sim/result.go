@@ -206,13 +206,13 @@ func (e *engine) result(p Policy) Result {
 	return r
 }
 
-// simulate runs one policy on a defaulted, valid scenario, with a job table
-// from tables, to which it returns it.
-func simulate(sc *Scenario, params policy.Params, p Policy, tables *tablePool) Result {
-	e := newEngine(sc, params, p, tables.get())
+// simulate runs one policy on a defaulted, valid scenario, with buffers
+// from pool, to which it returns them.
+func simulate(sc *Scenario, params policy.Params, p Policy, pool *bufferPool) Result {
+	e := newEngine(sc, params, p, pool.get())
 	e.run()
 	r := e.result(p)
-	tables.put(e.jobs)
+	pool.put(e.release())
 	return r
 }
 
