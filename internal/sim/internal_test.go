@@ -109,6 +109,7 @@ func TestJobTable(t *testing.T) {
 		{"deadline", true, false, 5 * time.Second, -1},
 		{"key", false, true, 0, 7},
 		{"both", true, true, 5 * time.Second, 7},
+		{"a deadline above 32 bits", true, false, 23 * time.Hour, -1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -116,7 +117,7 @@ func TestJobTable(t *testing.T) {
 			jt.reset(100, tt.deadlines, tt.keys)
 			for round := range 2 {
 				for range 130 { // past the room made, and past two bitset words
-					id := jt.add(5*time.Second, 7)
+					id := jt.add(max(tt.wantDeadline, 5*time.Second), 7)
 					if jt.parked.has(id) || jt.ended.has(id) || jt.attempts[id] != 0 {
 						t.Fatalf("round %d: job %d starts parked %v, ended %v, %d attempts", round, id, jt.parked.has(id), jt.ended.has(id), jt.attempts[id])
 					}

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"cmp"
 	"slices"
 	"time"
 )
@@ -112,10 +111,26 @@ type timer struct {
 	parking bool
 }
 
-// before orders timers by time, then by job, so that equal times pop in a
-// deterministic order (a job has at most one timer).
-func (t timer) before(u timer) bool {
-	return t.at < u.at || (t.at == u.at && t.job < u.job)
+// timerKey is a timer of a second the queue knows, packed into one integer
+// that sorts the way timers are popped, by time and then by job (a job has
+// at most one timer, so equal times pop in a deterministic order): the
+// nanoseconds into the second (under 2^30) in the high 32 bits, then the
+// job (under 2^31), then parking. Half the size of a timer, and sorted
+// without a comparison function.
+type timerKey uint64
+
+// keyIn packs t, which falls in second sec.
+func keyIn(t timer, sec int) timerKey {
+	k := uint64(t.at-time.Duration(sec)*time.Second)<<32 | uint64(t.job)<<1
+	if t.parking {
+		k |= 1
+	}
+	return timerKey(k)
+}
+
+// in unpacks k, a timer of second sec.
+func (k timerKey) in(sec int) timer {
+	return timer{at: time.Duration(sec)*time.Second + time.Duration(k>>32), job: int32(uint32(k) >> 1), parking: k&1 != 0}
 }
 
 // delayQueue is the event queue of the jobs waiting to retry: a calendar
@@ -129,16 +144,16 @@ func (t timer) before(u timer) bool {
 // reused array and sorted once, which costs far less than a heap's sift per
 // timer. Timers added for the current second itself go to a 4-ary min-heap,
 // and pop takes the earlier of the two heads. Timers past the last bucket
-// never fire.
+// never fire. Timers are held as timerKeys of their second.
 type delayQueue struct {
 	buckets []bucket // timers of second k, for k > cur
 	cur     int      // the current second
 	// sorted is the current second's bucket in order; its timers from head
 	// on are still waiting.
-	sorted []timer
+	sorted []timerKey
 	head   int
 	// h holds the timers added for the current second while it was current.
-	h     []timer
+	h     []timerKey
 	n     int
 	spare []*timerBlock // emptied blocks, for any bucket to reuse
 }
@@ -150,9 +165,9 @@ type bucket struct {
 	n      int
 }
 
-const timerBlockLen = 512
+const timerBlockLen = 1024
 
-type timerBlock [timerBlockLen]timer
+type timerBlock [timerBlockLen]timerKey
 
 func newDelayQueue(seconds int) delayQueue {
 	return delayQueue{buckets: make([]bucket, seconds)}
@@ -160,13 +175,14 @@ func newDelayQueue(seconds int) delayQueue {
 
 func (d *delayQueue) len() int { return d.n }
 
+// add adds a timer at at, which is not before the current second.
 func (d *delayQueue) add(at time.Duration, job int32, parking bool) {
 	d.n++
 	t := timer{at: at, job: job, parking: parking}
 	sec := int(at / time.Second)
 	switch {
 	case sec <= d.cur:
-		d.push(t)
+		d.push(keyIn(t, d.cur))
 	case sec < len(d.buckets):
 		b := &d.buckets[sec]
 		if b.n%timerBlockLen == 0 {
@@ -178,7 +194,7 @@ func (d *delayQueue) add(at time.Duration, job int32, parking bool) {
 			}
 			b.blocks = append(b.blocks, block)
 		}
-		b.blocks[len(b.blocks)-1][b.n%timerBlockLen] = t
+		b.blocks[len(b.blocks)-1][b.n%timerBlockLen] = keyIn(t, sec)
 		b.n++
 	}
 }
@@ -197,44 +213,39 @@ func (d *delayQueue) startSecond(k int) {
 		d.spare = append(d.spare, block)
 	}
 	d.buckets[k] = bucket{}
-	slices.SortFunc(d.sorted, compareTimers)
+	slices.Sort(d.sorted)
 }
 
-// compareTimers orders timers as before does.
-func compareTimers(t, u timer) int {
-	if c := cmp.Compare(t.at, u.at); c != 0 {
-		return c
-	}
-	return cmp.Compare(t.job, u.job)
-}
-
-// fromSorted reports whether the earliest timer is the sorted bucket's head
-// rather than the heap's; either must hold a timer.
+// fromSorted reports whether the earliest timer is the sorted bucket's
+// head: false when the bucket is used up.
 func (d *delayQueue) fromSorted() bool {
 	if d.head == len(d.sorted) {
 		return false
 	}
-	return len(d.h) == 0 || d.sorted[d.head].before(d.h[0])
+	return len(d.h) == 0 || d.sorted[d.head] < d.h[0]
 }
 
 // next returns the earliest time in the current second, or never.
 func (d *delayQueue) next() time.Duration {
+	var k timerKey
 	switch {
-	case d.head < len(d.sorted) && (len(d.h) == 0 || d.sorted[d.head].at <= d.h[0].at):
-		return d.sorted[d.head].at
+	case d.fromSorted():
+		k = d.sorted[d.head]
 	case len(d.h) > 0:
-		return d.h[0].at
+		k = d.h[0]
+	default:
+		return never
 	}
-	return never
+	return time.Duration(d.cur)*time.Second + time.Duration(k>>32)
 }
 
 // pop removes the earliest timer; next must have returned a time.
 func (d *delayQueue) pop() timer {
 	d.n--
 	if d.fromSorted() {
-		t := d.sorted[d.head]
+		k := d.sorted[d.head]
 		d.head++
-		return t
+		return k.in(d.cur)
 	}
 	top := d.h[0]
 	last := d.h[len(d.h)-1]
@@ -242,25 +253,25 @@ func (d *delayQueue) pop() timer {
 	if len(d.h) > 0 {
 		d.siftDown(0, last)
 	}
-	return top
+	return top.in(d.cur)
 }
 
-func (d *delayQueue) push(t timer) {
-	d.h = append(d.h, t)
+func (d *delayQueue) push(k timerKey) {
+	d.h = append(d.h, k)
 	i := len(d.h) - 1
 	for i > 0 {
 		parent := (i - 1) / 4
-		if !t.before(d.h[parent]) {
+		if k >= d.h[parent] {
 			break
 		}
 		d.h[i] = d.h[parent]
 		i = parent
 	}
-	d.h[i] = t
+	d.h[i] = k
 }
 
-// siftDown places t at index i or below.
-func (d *delayQueue) siftDown(i int, t timer) {
+// siftDown places k at index i or below.
+func (d *delayQueue) siftDown(i int, k timerKey) {
 	n := len(d.h)
 	for {
 		first := 4*i + 1
@@ -269,15 +280,15 @@ func (d *delayQueue) siftDown(i int, t timer) {
 		}
 		best := first
 		for c := first + 1; c < min(first+4, n); c++ {
-			if d.h[c].before(d.h[best]) {
+			if d.h[c] < d.h[best] {
 				best = c
 			}
 		}
-		if !d.h[best].before(t) {
+		if d.h[best] >= k {
 			break
 		}
 		d.h[i] = d.h[best]
 		i = best
 	}
-	d.h[i] = t
+	d.h[i] = k
 }

@@ -140,7 +140,7 @@ type Workers struct {
 	StartupDelay metav1.Duration `json:"startupDelay,omitempty"`
 }
 
-// maxJobs bounds the jobs of one run (at most 14 bytes each in the job
+// maxJobs bounds the jobs of one run (at most 12¼ bytes each in the job
 // table, per policy; see jobTable).
 const maxJobs = 50_000_000
 
