@@ -196,6 +196,20 @@ func TestFIFO(t *testing.T) {
 	}
 }
 
+// TestFIFOEmptiedAtEveryJobDoesNotAllocate: a drained queue takes each job
+// as it arrives; that must not cost an allocation per job.
+func TestFIFOEmptiedAtEveryJobDoesNotAllocate(t *testing.T) {
+	var q fifo
+	q.push(0)
+	q.pop()
+	if n := testing.AllocsPerRun(10_000, func() {
+		q.push(1)
+		q.pop()
+	}); n != 0 {
+		t.Errorf("%v allocations a job, want 0", n)
+	}
+}
+
 func TestAutoscaler(t *testing.T) {
 	w := Workers{SlotsPerPod: 2, MinReplicas: 10, MaxReplicas: 80, TargetQueuePerReplica: 100}
 	w.StartupDelay.Duration = 30 * time.Second

@@ -47,10 +47,17 @@ func (q *fifo) pop() int32 {
 	q.size--
 	if q.head == fifoBlockLen || q.size == 0 {
 		// The first block is used up, or the queue is empty and that block
-		// is the only one: keep it for reuse.
+		// is the only one: keep it for reuse. An emptied list starts again
+		// at the start of its array: a queue that empties at every job, as
+		// a drained one does, would otherwise creep along the array and
+		// allocate a new one every few jobs.
 		q.spare = append(q.spare, q.blocks[0])
 		q.blocks[0] = nil
-		q.blocks = q.blocks[1:]
+		if len(q.blocks) == 1 {
+			q.blocks = q.blocks[:0]
+		} else {
+			q.blocks = q.blocks[1:]
+		}
 		q.head = 0
 	}
 	return id
