@@ -27,6 +27,26 @@ func fleetScale(tb testing.TB) *sim.Scenario {
 	return sc
 }
 
+// TestFleetScaleScenario checks that the benchmark's scenario is accepted at
+// its full 36 million jobs, and that it replays without losing a job at a
+// rate small enough for every test run.
+func TestFleetScaleScenario(t *testing.T) {
+	sc := fleetScale(t)
+	if jobs := sc.Arrivals.RatePerSecond * sc.Timeline.Horizon.Seconds(); jobs != 36_000_000 {
+		t.Fatalf("fleet-scale has %.0f jobs, want 36,000,000", jobs)
+	}
+	sc.Arrivals.RatePerSecond = 20
+	rep, err := sim.Run(sc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Policies {
+		if r.Lost != 0 || r.Jobs < 70_000 {
+			t.Errorf("%s: %d jobs, %d lost", r.Policy, r.Jobs, r.Lost)
+		}
+	}
+}
+
 // BenchmarkFleetScale replays testdata/fleet-scale.yaml with all eight
 // policies: run it once, under /usr/bin/time -v, for the CPU time and the
 // peak memory of docs/benchmarks.md.
