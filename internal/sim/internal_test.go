@@ -12,29 +12,41 @@ import (
 )
 
 func TestDelayQueueOrder(t *testing.T) {
-	d := newDelayQueue(100)
-	rnd := rand.New(rand.NewPCG(1, 2))
-	var want []time.Duration
-	for i := range 2000 {
-		at := time.Duration(rnd.Int64N(int64(90 * time.Second)))
-		d.add(at, int32(i), false)
-		want = append(want, at)
+	tests := []struct {
+		name   string
+		timers int
+		within time.Duration
+	}{
+		{"spread over 90 s", 2000, 90 * time.Second},
+		{"several blocks a second", 5 * timerBlockLen, 2 * time.Second},
 	}
-	d.add(200*time.Second, 9999, false) // past the last bucket: never fires
-	slices.Sort(want)
-	var got []time.Duration
-	for sec := 0; sec < 100; sec++ {
-		d.startSecond(sec)
-		for d.next() != never {
-			got = append(got, d.next())
-			d.pop()
-		}
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("popped %d timers out of order", len(got))
-	}
-	if d.len() != 1 {
-		t.Errorf("len = %d, want 1 (the timer past the horizon)", d.len())
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := newDelayQueue(100)
+			rnd := rand.New(rand.NewPCG(1, 2))
+			var want []time.Duration
+			for i := range tt.timers {
+				at := time.Second + time.Duration(rnd.Int64N(int64(tt.within)))
+				d.add(at, int32(i), false)
+				want = append(want, at)
+			}
+			d.add(200*time.Second, 9999, false) // past the last bucket: never fires
+			slices.Sort(want)
+			var got []time.Duration
+			for sec := 0; sec < 100; sec++ {
+				d.startSecond(sec)
+				for d.next() != never {
+					got = append(got, d.next())
+					d.pop()
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("popped %d timers out of order, want %d", len(got), len(want))
+			}
+			if d.len() != 1 {
+				t.Errorf("len = %d, want 1 (the timer past the horizon)", d.len())
+			}
+		})
 	}
 }
 
@@ -59,18 +71,142 @@ func TestDelayQueueAddInCurrentSecond(t *testing.T) {
 	}
 }
 
-func TestFIFO(t *testing.T) {
-	var q fifo
-	for i := range int32(3000) {
-		q.push(i)
-		if i%3 == 0 {
-			if got := q.pop(); got != i/3 {
-				t.Fatalf("pop = %d, want %d", got, i/3)
-			}
+// TestDelayQueueMixesBucketAndCurrentSecond pops, in time order and then by
+// job, timers that were in the second's bucket and timers added while it
+// was current, equal times included.
+func TestDelayQueueMixesBucketAndCurrentSecond(t *testing.T) {
+	d := newDelayQueue(10)
+	at := func(ms int) time.Duration { return time.Duration(ms) * time.Millisecond }
+	for _, tm := range []timer{{at(2900), 7, false}, {at(2100), 9, false}, {at(2500), 4, false}, {at(2500), 2, true}} {
+		d.add(tm.at, tm.job, tm.parking)
+	}
+	d.startSecond(2)
+	d.add(at(2500), 3, false) // between bucket timers of the same time
+	d.add(at(2050), 8, false) // before every bucket timer
+	d.add(at(2950), 1, false) // after them all
+	want := []timer{{at(2050), 8, false}, {at(2100), 9, false}, {at(2500), 2, true}, {at(2500), 3, false}, {at(2500), 4, false}, {at(2900), 7, false}, {at(2950), 1, false}}
+	for i, w := range want {
+		if d.next() != w.at {
+			t.Fatalf("pop %d: next = %v, want %v", i, d.next(), w.at)
+		}
+		if got := d.pop(); got != w {
+			t.Fatalf("pop %d = %+v, want %+v", i, got, w)
 		}
 	}
-	if q.len() != 2000 || q.peek() != 1000 {
-		t.Fatalf("len %d, head %d; want 2000, 1000", q.len(), q.peek())
+	if d.next() != never || d.len() != 0 {
+		t.Fatalf("after all pops: next %v, len %d", d.next(), d.len())
+	}
+}
+
+func TestJobTable(t *testing.T) {
+	tests := []struct {
+		name            string
+		deadlines, keys bool
+		wantDeadline    time.Duration
+		wantKey         int32
+	}{
+		{"no deadline, no key", false, false, 0, -1},
+		{"deadline", true, false, 5 * time.Second, -1},
+		{"key", false, true, 0, 7},
+		{"both", true, true, 5 * time.Second, 7},
+		{"a deadline above 32 bits", true, false, 23 * time.Hour, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var jt jobTable
+			jt.reset(100, tt.deadlines, tt.keys)
+			for round := range 2 {
+				for range 130 { // past the room made, and past two bitset words
+					id := jt.add(max(tt.wantDeadline, 5*time.Second), 7)
+					if jt.parked.has(id) || jt.ended.has(id) || jt.attempts[id] != 0 {
+						t.Fatalf("round %d: job %d starts parked %v, ended %v, %d attempts", round, id, jt.parked.has(id), jt.ended.has(id), jt.attempts[id])
+					}
+					if d, k := jt.deadlineOf(id), jt.keyOf(id); d != tt.wantDeadline || k != tt.wantKey {
+						t.Fatalf("job %d: deadline %v, key %d; want %v, %d", id, d, k, tt.wantDeadline, tt.wantKey)
+					}
+					jt.parked.set(id)
+					jt.ended.set(id)
+					for range 70000 {
+						jt.attempt(id)
+					}
+				}
+				if jt.len() != 130 || jt.attempts[129] != maxAttempts {
+					t.Fatalf("len %d, attempts %d; want 130, %d (saturated)", jt.len(), jt.attempts[129], maxAttempts)
+				}
+				// A reused table starts empty, with every bit clear.
+				jt.reset(100, tt.deadlines, tt.keys)
+			}
+		})
+	}
+}
+
+func TestFIFO(t *testing.T) {
+	tests := []struct {
+		name        string
+		pushes, pop int // push pushes ids, pop one every pop pushes (0: never)
+		drain       bool
+	}{
+		{"within a block", 100, 3, false},
+		{"across blocks", 3 * fifoBlockLen, 3, false},
+		{"a block boundary exactly", 2 * fifoBlockLen, 0, true},
+		{"drained and refilled", 2*fifoBlockLen + 7, 2, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var q fifo
+			var want []int32
+			seen := map[*fifoBlock]bool{}
+			for round := range 2 {
+				for i := range int32(tt.pushes) {
+					id := int32(round)*1e6 + i
+					q.push(id)
+					want = append(want, id)
+					if tt.pop > 0 && int(i)%tt.pop == 0 {
+						if got := q.pop(); got != want[0] {
+							t.Fatalf("pop = %d, want %d", got, want[0])
+						}
+						want = want[1:]
+					}
+				}
+				if q.len() != len(want) || q.peek() != want[0] {
+					t.Fatalf("len %d, head %d; want %d, %d", q.len(), q.peek(), len(want), want[0])
+				}
+				// A drained queue refilled as much reuses its blocks.
+				for _, b := range q.blocks {
+					if round == 0 {
+						seen[b] = true
+					} else if tt.drain && !seen[b] {
+						t.Fatalf("round 2 holds a new block: the drained ones were not reused")
+					}
+				}
+				if !tt.drain {
+					continue
+				}
+				for len(want) > 0 {
+					if got := q.pop(); got != want[0] {
+						t.Fatalf("drain: pop = %d, want %d", got, want[0])
+					}
+					want = want[1:]
+				}
+				if q.len() != 0 {
+					t.Fatalf("drained len = %d", q.len())
+				}
+			}
+		})
+	}
+}
+
+// TestFIFOEmptiedAtEveryJobDoesNotAllocate: a drained queue takes each job
+// as it arrives; that must not cost an allocation per job.
+func TestFIFOEmptiedAtEveryJobDoesNotAllocate(t *testing.T) {
+	var q fifo
+	q.push(0)
+	q.pop()
+	if n := testing.AllocsPerRun(10_000, func() {
+		q.push(1)
+		q.pop()
+	}); n != 0 {
+		t.Errorf("%v allocations a job, want 0", n)
 	}
 }
 

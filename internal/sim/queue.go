@@ -1,39 +1,66 @@
 package sim
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
-// fifo is a growable ring buffer of job ids: the queue of ready work, in the
-// order the jobs became ready.
+// fifo is the queue of ready work, job ids in the order the jobs became
+// ready. It is a list of fixed blocks, not a ring buffer that doubles: a
+// fleet-scale backlog holds tens of millions of ids, and doubling would
+// reserve up to twice them and copy them all at each growth. An emptied
+// block is kept for reuse.
 type fifo struct {
-	buf        []int32
-	head, size int
+	blocks     []*fifoBlock
+	head, tail int // next to pop in blocks[0], next free in the last block
+	size       int
+	spare      []*fifoBlock
 }
+
+const fifoBlockLen = 4096
+
+type fifoBlock [fifoBlockLen]int32
 
 func (q *fifo) len() int { return q.size }
 
 func (q *fifo) push(id int32) {
-	if q.size == len(q.buf) {
-		q.grow()
+	if len(q.blocks) == 0 || q.tail == fifoBlockLen {
+		var b *fifoBlock
+		if n := len(q.spare); n > 0 {
+			b, q.spare = q.spare[n-1], q.spare[:n-1]
+		} else {
+			b = new(fifoBlock)
+		}
+		q.blocks = append(q.blocks, b)
+		q.tail = 0
 	}
-	q.buf[(q.head+q.size)%len(q.buf)] = id
+	q.blocks[len(q.blocks)-1][q.tail] = id
+	q.tail++
 	q.size++
 }
 
-func (q *fifo) peek() int32 { return q.buf[q.head] }
+func (q *fifo) peek() int32 { return q.blocks[0][q.head] }
 
 func (q *fifo) pop() int32 {
-	id := q.buf[q.head]
-	q.head = (q.head + 1) % len(q.buf)
+	id := q.blocks[0][q.head]
+	q.head++
 	q.size--
-	return id
-}
-
-func (q *fifo) grow() {
-	buf := make([]int32, max(2*len(q.buf), 1024))
-	for i := 0; i < q.size; i++ {
-		buf[i] = q.buf[(q.head+i)%len(q.buf)]
+	if q.head == fifoBlockLen || q.size == 0 {
+		// The first block is used up, or the queue is empty and that block
+		// is the only one: keep it for reuse. An emptied list starts again
+		// at the start of its array: a queue that empties at every job, as
+		// a drained one does, would otherwise creep along the array and
+		// allocate a new one every few jobs.
+		q.spare = append(q.spare, q.blocks[0])
+		q.blocks[0] = nil
+		if len(q.blocks) == 1 {
+			q.blocks = q.blocks[:0]
+		} else {
+			q.blocks = q.blocks[1:]
+		}
+		q.head = 0
 	}
-	q.buf, q.head = buf, 0
+	return id
 }
 
 // call is a call in flight at the dependency.
@@ -91,100 +118,167 @@ type timer struct {
 	parking bool
 }
 
-// before orders timers by time, then by job, so that equal times pop in a
-// deterministic order (a job has at most one timer).
-func (t timer) before(u timer) bool {
-	return t.at < u.at || (t.at == u.at && t.job < u.job)
+// timerKey is a timer of a second the queue knows, packed into one integer
+// that sorts the way timers are popped, by time and then by job (a job has
+// at most one timer, so equal times pop in a deterministic order): the
+// nanoseconds into the second (under 2^30) in the high 32 bits, then the
+// job (under 2^31), then parking. Half the size of a timer, and sorted
+// without a comparison function.
+type timerKey uint64
+
+// keyIn packs t, which falls in second sec.
+func keyIn(t timer, sec int) timerKey {
+	k := uint64(t.at-time.Duration(sec)*time.Second)<<32 | uint64(t.job)<<1
+	if t.parking {
+		k |= 1
+	}
+	return timerKey(k)
+}
+
+// in unpacks k, a timer of second sec.
+func (k timerKey) in(sec int) timer {
+	return timer{at: time.Duration(sec)*time.Second + time.Duration(k>>32), job: int32(uint32(k) >> 1), parking: k&1 != 0}
 }
 
 // delayQueue is the event queue of the jobs waiting to retry: a calendar
-// queue with one bucket per virtual second, and a 4-ary min-heap holding
-// only the timers of the current second. The engine calls startSecond at
+// queue with one bucket per virtual second. The engine calls startSecond at
 // every tick, which is itself an event, so a timer in a later second can
-// never be the next event while the heap is empty. Adding a timer for a
-// later second is an append and the heap stays as small as one second's
-// timers, so it stays in cache. Timers past the last bucket never fire.
+// never be the next event while the current second has none left. Adding a
+// timer for a later second is an append to its bucket, a list of fixed
+// blocks shared with every other bucket, so that a fleet-scale run neither
+// copies buckets as they grow nor leaves their old arrays to the garbage
+// collector. When its second becomes current, the bucket is copied into one
+// reused array and sorted once, which costs far less than a heap's sift per
+// timer. Timers added for the current second itself go to a 4-ary min-heap,
+// and pop takes the earlier of the two heads. Timers past the last bucket
+// never fire. Timers are held as timerKeys of their second.
 type delayQueue struct {
-	buckets [][]timer // timers of second k, for k > cur
-	cur     int       // the current second: h holds its timers
-	h       []timer
-	n       int
-	spare   [][]timer // emptied buckets, reused to spare the allocator
+	buckets []bucket // timers of second k, for k > cur
+	cur     int      // the current second
+	// sorted is the current second's bucket in order; its timers from head
+	// on are still waiting.
+	sorted []timerKey
+	head   int
+	// h holds the timers added for the current second while it was current.
+	h     []timerKey
+	n     int
+	spare []*timerBlock // emptied blocks, for any bucket to reuse
 }
 
+// bucket is the timers of one second: n timers in blocks, all full but the
+// last.
+type bucket struct {
+	blocks []*timerBlock
+	n      int
+}
+
+const timerBlockLen = 1024
+
+type timerBlock [timerBlockLen]timerKey
+
 func newDelayQueue(seconds int) delayQueue {
-	return delayQueue{buckets: make([][]timer, seconds)}
+	return delayQueue{buckets: make([]bucket, seconds)}
 }
 
 func (d *delayQueue) len() int { return d.n }
 
+// add adds a timer at at, which is not before the current second.
 func (d *delayQueue) add(at time.Duration, job int32, parking bool) {
 	d.n++
 	t := timer{at: at, job: job, parking: parking}
 	sec := int(at / time.Second)
 	switch {
 	case sec <= d.cur:
-		d.push(t)
+		d.push(keyIn(t, d.cur))
 	case sec < len(d.buckets):
-		b := d.buckets[sec]
-		if b == nil && len(d.spare) > 0 {
-			b, d.spare = d.spare[len(d.spare)-1], d.spare[:len(d.spare)-1]
+		b := &d.buckets[sec]
+		if b.n%timerBlockLen == 0 {
+			var block *timerBlock
+			if n := len(d.spare); n > 0 {
+				block, d.spare = d.spare[n-1], d.spare[:n-1]
+			} else {
+				block = new(timerBlock)
+			}
+			b.blocks = append(b.blocks, block)
 		}
-		d.buckets[sec] = append(b, t)
+		b.blocks[len(b.blocks)-1][b.n%timerBlockLen] = keyIn(t, sec)
+		b.n++
 	}
 }
 
-// startSecond makes second k current, moving its bucket into the heap. The
-// heap is empty then: its timers all fell before k.
+// startSecond makes second k current, sorting its bucket. The second before
+// has no timer left then: its timers all fell before k.
 func (d *delayQueue) startSecond(k int) {
 	d.cur = k
-	if k >= len(d.buckets) || len(d.buckets[k]) == 0 {
+	d.sorted, d.head = d.sorted[:0], 0
+	if k >= len(d.buckets) || d.buckets[k].n == 0 {
 		return
 	}
 	b := d.buckets[k]
-	for _, t := range b {
-		d.push(t)
+	for i, block := range b.blocks {
+		d.sorted = append(d.sorted, block[:min(timerBlockLen, b.n-i*timerBlockLen)]...)
+		d.spare = append(d.spare, block)
 	}
-	d.buckets[k] = nil
-	d.spare = append(d.spare, b[:0])
+	d.buckets[k] = bucket{}
+	slices.Sort(d.sorted)
+}
+
+// fromSorted reports whether the earliest timer is the sorted bucket's
+// head: false when the bucket is used up.
+func (d *delayQueue) fromSorted() bool {
+	if d.head == len(d.sorted) {
+		return false
+	}
+	return len(d.h) == 0 || d.sorted[d.head] < d.h[0]
 }
 
 // next returns the earliest time in the current second, or never.
 func (d *delayQueue) next() time.Duration {
-	if len(d.h) == 0 {
+	var k timerKey
+	switch {
+	case d.fromSorted():
+		k = d.sorted[d.head]
+	case len(d.h) > 0:
+		k = d.h[0]
+	default:
 		return never
 	}
-	return d.h[0].at
+	return time.Duration(d.cur)*time.Second + time.Duration(k>>32)
 }
 
 // pop removes the earliest timer; next must have returned a time.
 func (d *delayQueue) pop() timer {
+	d.n--
+	if d.fromSorted() {
+		k := d.sorted[d.head]
+		d.head++
+		return k.in(d.cur)
+	}
 	top := d.h[0]
 	last := d.h[len(d.h)-1]
 	d.h = d.h[:len(d.h)-1]
 	if len(d.h) > 0 {
 		d.siftDown(0, last)
 	}
-	d.n--
-	return top
+	return top.in(d.cur)
 }
 
-func (d *delayQueue) push(t timer) {
-	d.h = append(d.h, t)
+func (d *delayQueue) push(k timerKey) {
+	d.h = append(d.h, k)
 	i := len(d.h) - 1
 	for i > 0 {
 		parent := (i - 1) / 4
-		if !t.before(d.h[parent]) {
+		if k >= d.h[parent] {
 			break
 		}
 		d.h[i] = d.h[parent]
 		i = parent
 	}
-	d.h[i] = t
+	d.h[i] = k
 }
 
-// siftDown places t at index i or below.
-func (d *delayQueue) siftDown(i int, t timer) {
+// siftDown places k at index i or below.
+func (d *delayQueue) siftDown(i int, k timerKey) {
 	n := len(d.h)
 	for {
 		first := 4*i + 1
@@ -193,15 +287,15 @@ func (d *delayQueue) siftDown(i int, t timer) {
 		}
 		best := first
 		for c := first + 1; c < min(first+4, n); c++ {
-			if d.h[c].before(d.h[best]) {
+			if d.h[c] < d.h[best] {
 				best = c
 			}
 		}
-		if !d.h[best].before(t) {
+		if d.h[best] >= k {
 			break
 		}
 		d.h[i] = d.h[best]
 		i = best
 	}
-	d.h[i] = t
+	d.h[i] = k
 }

@@ -215,7 +215,7 @@ func (e *engine) withheld(throughput float64) float64 {
 
 // result collects the run's metrics.
 func (e *engine) result(p Policy) Result {
-	jobs := int64(len(e.jobs))
+	jobs := int64(e.jobs.len())
 	found := e.pendingFound()
 	s := e.stats
 	r := Result{
@@ -247,11 +247,14 @@ func (e *engine) result(p Policy) Result {
 	return r
 }
 
-// simulate runs one policy on a defaulted, valid scenario.
-func simulate(sc *Scenario, params policy.Params, p Policy) Result {
-	e := newEngine(sc, params, p)
+// simulate runs one policy on a defaulted, valid scenario, with buffers
+// from pool, to which it returns them.
+func simulate(sc *Scenario, params policy.Params, p Policy, pool *bufferPool) Result {
+	e := newEngine(sc, params, p, pool.get())
 	e.run()
-	return e.result(p)
+	r := e.result(p)
+	pool.put(e.release())
+	return r
 }
 
 func round(v float64, digits int) float64 {

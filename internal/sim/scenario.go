@@ -59,7 +59,7 @@ type Arrivals struct {
 	// that arrive during it.
 	Backlog int64 `json:"backlog,omitempty"`
 	// MaxAttempts is the number of calls a job may make before the caller
-	// gives up on it; 0 means no limit.
+	// gives up on it, at most 65535; 0 means no limit.
 	MaxAttempts int `json:"maxAttempts,omitempty"`
 	// Classes split the jobs by type. Defaults to one class of durable jobs.
 	Classes []JobClass `json:"classes,omitempty"`
@@ -140,8 +140,9 @@ type Workers struct {
 	StartupDelay metav1.Duration `json:"startupDelay,omitempty"`
 }
 
-// maxJobs bounds the jobs of one run (about 24 bytes each, per policy).
-const maxJobs = 10_000_000
+// maxJobs bounds the jobs of one run (at most 12¼ bytes each in the job
+// table, per policy; see jobTable).
+const maxJobs = 50_000_000
 
 // T0 is when the outage starts.
 func (s *Scenario) T0() time.Duration { return s.Timeline.Warmup.Duration }
@@ -232,8 +233,8 @@ func (a Arrivals) validate() []error {
 	if a.Backlog < 0 || a.Backlog > 1e7 {
 		errs = append(errs, fmt.Errorf("arrivals.backlog: must be in [0, 10000000], got %d", a.Backlog))
 	}
-	if a.MaxAttempts < 0 {
-		errs = append(errs, fmt.Errorf("arrivals.maxAttempts: must be at least 0, got %d", a.MaxAttempts))
+	if a.MaxAttempts < 0 || a.MaxAttempts > maxAttempts {
+		errs = append(errs, fmt.Errorf("arrivals.maxAttempts: must be in [0, %d], got %d", maxAttempts, a.MaxAttempts))
 	}
 	var sum float64
 	for i, c := range a.Classes {

@@ -361,6 +361,8 @@ func TestParseScenarioRejects(t *testing.T) {
 		{"horizon", strings.Replace(minimalScenario, "horizon: 10m", "horizon: 1m", 1), "timeline.horizon"},
 		{"replicas", strings.Replace(minimalScenario, "maxReplicas: 4", "maxReplicas: 0", 1), "workers.maxReplicas"},
 		{"no rate", strings.Replace(minimalScenario, "ratePerSecond: 5", "ratePerSecond: 0", 1), "arrivals.ratePerSecond"},
+		{"attempts", strings.Replace(minimalScenario, "{ratePerSecond: 5}", "{ratePerSecond: 5, maxAttempts: 65536}", 1), "arrivals.maxAttempts"},
+		{"jobs", strings.Replace(minimalScenario, "ratePerSecond: 5", "ratePerSecond: 90000", 1), "at most 50000000 jobs"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
