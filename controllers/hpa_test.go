@@ -214,7 +214,9 @@ func TestKEDAOwnedHPAIsRefused(t *testing.T) {
 	msg := conditionIn(getPolicy(g, ns, "template-api"), ConditionConsumersBounded).Message
 	g.Expect(msg).To(ContainSubstring("HorizontalPodAutoscaler/keda-hpa-render"))
 	g.Expect(msg).To(ContainSubstring("name the ScaledObject instead (scaledObjectName: render)"))
-	g.Expect(conditionOf(ns, "template-api", ConditionReady)(g)).To(Equal("False/" + ReasonOwnedByScaledObject))
+	// Ready is set once the evaluator has published too, which may come a
+	// moment after the reconciler set ConsumersBounded.
+	g.Eventually(conditionOf(ns, "template-api", ConditionReady)).Should(Equal("False/" + ReasonOwnedByScaledObject))
 	hpa := getHPA(g, ns, "keda-hpa-render")
 	g.Expect(hpaAutoscaler{hpa}.replicas().String()).To(Equal("min=1 max=80"))
 	g.Expect(hpa.Annotations).To(BeEmpty())
