@@ -286,9 +286,17 @@ func judged(p policy.Params, r *ramp.Ramp, now time.Time) bool {
 	case ramp.Always:
 		return true
 	case ramp.Ramping:
-		return !r.Done() || now.Sub(r.Started()) < p.Ramp.StepDuration
+		return !r.Done() || justRamped(p, r, now)
 	}
 	return false
+}
+
+// justRamped reports whether the ramp reached full capacity less than a
+// StepDuration ago: its last step, judged like the others (judged), where a
+// collapse is still the ramp's (collapsed) and the call rate is still
+// bounded (rateBounded).
+func justRamped(p policy.Params, r *ramp.Ramp, now time.Time) bool {
+	return r.Done() && now.Sub(r.Started()) < p.Ramp.StepDuration
 }
 
 // settledAt is when the current step's settling ends: its start, plus

@@ -24,7 +24,7 @@ func collapsed(p policy.Params, prev protocol.Published, r *ramp.Ramp, now time.
 	case wire.Ramping:
 		return true
 	case wire.Closed:
-		return r.Done() && now.Sub(r.Started()) < p.Ramp.StepDuration
+		return justRamped(p, r, now)
 	}
 	return false
 }
@@ -82,7 +82,7 @@ func rateBounded(p policy.Params, state wire.State, r *ramp.Ramp, now time.Time)
 	case wire.HalfOpen, wire.Ramping:
 		return true
 	case wire.Closed:
-		return r.Done() && now.Sub(r.Started()) < p.Ramp.StepDuration
+		return justRamped(p, r, now)
 	}
 	return false
 }

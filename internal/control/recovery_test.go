@@ -15,11 +15,8 @@ import (
 // one clean minute a step: Closed at full capacity, epoch 5.
 func climbToFull(t *testing.T, e *evaluator) {
 	t.Helper()
+	toRamping(t, e, 5)
 	runSteps(t, e, []step{
-		{name: "closed", state: wire.Closed, limit: 40, epoch: 1},
-		{name: "open", advance: time.Second, window: burst, state: wire.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
-		{name: "half-open", advance: time.Minute, state: wire.HalfOpen, limit: 3, epoch: 3, events: []string{EventHalfOpened}},
-		{name: "closed, ramp at 5", advance: time.Second, probes: probes3, state: wire.Ramping, limit: 5, epoch: 4, events: []string{EventClosed}},
 		{name: "10", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 10, epoch: 4, events: []string{EventRampStep}},
 		{name: "20", advance: time.Minute, window: healthy, state: wire.Ramping, limit: 20, epoch: 4, events: []string{EventRampStep}},
 		{name: "40", advance: time.Minute, window: healthy, state: wire.Closed, limit: 40, epoch: 5, events: []string{EventRampStep}},
@@ -76,11 +73,8 @@ func TestPlanRemembersACollapse(t *testing.T) {
 	})
 	t.Run("a collapse at the first step restarts below it", func(t *testing.T) {
 		e := newEvaluator()
+		toRamping(t, e, 5)
 		runSteps(t, e, []step{
-			{name: "closed", state: wire.Closed, limit: 40, epoch: 1},
-			{name: "open", advance: time.Second, window: burst, state: wire.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
-			{name: "half-open", advance: time.Minute, state: wire.HalfOpen, limit: 3, epoch: 3, events: []string{EventHalfOpened}},
-			{name: "closed, ramp at 5", advance: time.Second, probes: probes3, state: wire.Ramping, limit: 5, epoch: 4, events: []string{EventClosed}},
 			{name: "falls over at 5", advance: 5 * time.Second, window: burst, state: wire.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
 			{name: "half-open", advance: time.Minute, state: wire.HalfOpen, limit: 3, epoch: 6, events: []string{EventHalfOpened}},
 			{name: "closed at 4", advance: time.Second, probes: probes3, state: wire.Ramping, limit: 4, epoch: 7, events: []string{EventClosed}},
@@ -98,19 +92,15 @@ func TestPlanWarmFor(t *testing.T) {
 	}
 	t.Run("an outage shorter than warmFor skips the ramp", func(t *testing.T) {
 		e := warm()
+		toHalfOpen(t, e)
 		runSteps(t, e, []step{
-			{name: "closed", state: wire.Closed, limit: 40, epoch: 1},
-			{name: "open", advance: time.Second, window: burst, state: wire.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
-			{name: "half-open", advance: time.Minute, state: wire.HalfOpen, limit: 3, epoch: 3, events: []string{EventHalfOpened}},
 			{name: "closed at full capacity", advance: time.Second, probes: probes3, state: wire.Closed, limit: 40, epoch: 4, events: []string{EventClosed}},
 		})
 	})
 	t.Run("a longer one ramps", func(t *testing.T) {
 		e := warm()
+		toHalfOpen(t, e)
 		runSteps(t, e, []step{
-			{name: "closed", state: wire.Closed, limit: 40, epoch: 1},
-			{name: "open", advance: time.Second, window: burst, state: wire.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
-			{name: "half-open", advance: time.Minute, state: wire.HalfOpen, limit: 3, epoch: 3, events: []string{EventHalfOpened}},
 			{name: "a probe fails", advance: time.Second, probes: protocol.Probes{Timeouts: 1}, state: wire.Open, limit: 0, epoch: 4, events: []string{EventOpened}},
 			{name: "half-open again", advance: time.Minute, state: wire.HalfOpen, limit: 3, epoch: 5, events: []string{EventHalfOpened}},
 			{name: "closed after 2 min: ramps", advance: time.Second, probes: probes3, state: wire.Ramping, limit: 5, epoch: 6, events: []string{EventClosed}},
@@ -118,10 +108,8 @@ func TestPlanWarmFor(t *testing.T) {
 	})
 	t.Run("a collapse right after the skip ramps", func(t *testing.T) {
 		e := warm()
+		toHalfOpen(t, e)
 		runSteps(t, e, []step{
-			{name: "closed", state: wire.Closed, limit: 40, epoch: 1},
-			{name: "open", advance: time.Second, window: burst, state: wire.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
-			{name: "half-open", advance: time.Minute, state: wire.HalfOpen, limit: 3, epoch: 3, events: []string{EventHalfOpened}},
 			{name: "closed at full capacity", advance: time.Second, probes: probes3, state: wire.Closed, limit: 40, epoch: 4, events: []string{EventClosed}},
 			{name: "falls over at once", advance: 5 * time.Second, window: burst, state: wire.Open, limit: 0, epoch: 5, events: []string{EventOpened}},
 			{name: "half-open", advance: time.Minute, state: wire.HalfOpen, limit: 3, epoch: 6, events: []string{EventHalfOpened}},

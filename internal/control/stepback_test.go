@@ -23,14 +23,23 @@ func listening(mode ramp.When, capacity int64, steps ...int64) *evaluator {
 	return e
 }
 
-// toRamping opens the breaker, half-opens it and closes it with three
-// probes: the ramp starts at its first step.
-func toRamping(t *testing.T, e *evaluator, firstLimit int64) {
+// toHalfOpen opens a closed breaker at its first evaluation and half-opens
+// it a minute later (epoch 3).
+func toHalfOpen(t *testing.T, e *evaluator) {
 	t.Helper()
 	runSteps(t, e, []step{
 		{name: "closed", state: wire.Closed, limit: e.params.Capacity, epoch: 1},
 		{name: "open", advance: time.Second, window: burst, state: wire.Open, limit: 0, epoch: 2, events: []string{EventOpened}},
 		{name: "half-open", advance: time.Minute, state: wire.HalfOpen, limit: min(3, e.params.Capacity), epoch: 3, events: []string{EventHalfOpened}},
+	})
+}
+
+// toRamping opens the breaker, half-opens it and closes it with three
+// probes: the ramp starts at its first step.
+func toRamping(t *testing.T, e *evaluator, firstLimit int64) {
+	t.Helper()
+	toHalfOpen(t, e)
+	runSteps(t, e, []step{
 		{name: "close", advance: time.Second, probes: probes3, state: wire.Ramping, limit: firstLimit, epoch: 4, events: []string{EventClosed}},
 	})
 }

@@ -288,10 +288,7 @@ func (r *Ramp) StepBack() bool {
 	case r.step > 0:
 		r.step--
 	default:
-		r.below = 1
-		for r.below*2 < failed {
-			r.below *= 2
-		}
+		r.below = powerOfTwoBelow(failed)
 	}
 	r.ceiling = failed
 	r.backoffs = min(r.backoffs+1, MaxBackoffs)
@@ -326,11 +323,18 @@ func (r *Ramp) Collapse() {
 	r.restart()
 	r.ceiling, r.backoffs = failed, backoffs
 	if failed <= r.steps[0] {
-		r.below = 1
-		for r.below*2 < failed {
-			r.below *= 2
-		}
+		r.below = powerOfTwoBelow(failed)
 	}
+}
+
+// powerOfTwoBelow is the highest power of two below n (n >= 2): the limit
+// below the first step that a step back or a collapse at n goes to.
+func powerOfTwoBelow(n int64) int64 {
+	p := int64(1)
+	for p*2 < n {
+		p *= 2
+	}
+	return p
 }
 
 // Rewind starts the current step again at clk.Now(), not Settling: for a
