@@ -23,11 +23,7 @@ import (
 // at most one second outage, and the backlog drains.
 func TestFragileDependencyFallsOverAtMostOnce(t *testing.T) {
 	g := NewWithT(t)
-	ctx := t.Context()
 	start := time.Now()
-	cp, err := replay.StartControlPlane(ctx, 200*time.Millisecond)
-	g.Expect(err).NotTo(HaveOccurred())
-	defer cp.Stop()
 
 	cfg := replay.DefaultConfig()
 	cfg.Dependency.ColdFactor = 0.6 // 6 of 10
@@ -44,11 +40,7 @@ func TestFragileDependencyFallsOverAtMostOnce(t *testing.T) {
 	// The fixed schedule: only the breaker and the memory of a collapse act
 	// (the step-back rule would catch some of these overloads earlier).
 	spec.Ramp.StepBack.When = spillwayv1alpha1.StepBackNever
-	fleet, err := cp.Install(ctx, w, spec, replay.DefaultMinReplicas, replay.DefaultMaxReplicas)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(cp.WaitBounded(ctx, w, fleet, int(spec.Capacity.Concurrency/spec.Consumers[0].SlotsPerReplica))).To(Succeed())
-	res, err := replay.Run(ctx, cfg, fleet, func(s replay.Sample) { t.Log(s) })
-	g.Expect(err).NotTo(HaveOccurred())
+	_, res := replayPolicy(t, w, spec, cfg)
 	t.Logf("fragile dependency: backlog %d, drained in %.1fs, second outages %d, peak %d in flight, %d over the limit, lost %d",
 		res.Backlog, res.DrainSeconds, res.SecondOutages, res.PeakInFlight, res.OverLimit, res.Lost)
 	var limits []int64

@@ -27,9 +27,6 @@ func TestColdCapacityBelowTheFirstStep(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
 	start := time.Now()
-	cp, err := replay.StartControlPlane(ctx, 200*time.Millisecond)
-	g.Expect(err).NotTo(HaveOccurred())
-	defer cp.Stop()
 
 	cfg := replay.DefaultConfig()
 	cfg.Dependency.ColdFactor = 0.1 // 1 of 10
@@ -45,11 +42,7 @@ func TestColdCapacityBelowTheFirstStep(t *testing.T) {
 	// Probes run at once: two against a cold capacity of 1 would fail one
 	// and keep the breaker open until the dependency is warm.
 	spec.Breaker.HalfOpenProbes = 1
-	fleet, err := cp.Install(ctx, w, spec, replay.DefaultMinReplicas, replay.DefaultMaxReplicas)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(cp.WaitBounded(ctx, w, fleet, int(spec.Capacity.Concurrency/spec.Consumers[0].SlotsPerReplica))).To(Succeed())
-	res, err := replay.Run(ctx, cfg, fleet, func(s replay.Sample) { t.Log(s) })
-	g.Expect(err).NotTo(HaveOccurred())
+	cp, res := replayPolicy(t, w, spec, cfg)
 	t.Logf("step-back rule: backlog %d, drained in %.1fs, second outages %d, peak %d in flight, %d over the limit, lost %d",
 		res.Backlog, res.DrainSeconds, res.SecondOutages, res.PeakInFlight, res.OverLimit, res.Lost)
 	g.Expect(res.Backlog).To(BeNumerically(">", 20), "the outage left a backlog")
@@ -82,4 +75,23 @@ func TestColdCapacityBelowTheFirstStep(t *testing.T) {
 	g.Expect(reasons).To(ContainElement(control.EventRampStepBack))
 
 	t.Logf("replay took %v", time.Since(start).Round(time.Second))
+}
+
+// replayPolicy starts a control plane (evaluating every 200 ms), installs
+// the policy spec for the workload w, waits until its ScaledObject is bounded
+// and replays cfg's outage against it, logging every sample. The control
+// plane stops with the test.
+func replayPolicy(t *testing.T, w replay.Workload, spec spillwayv1alpha1.DependencyPolicySpec, cfg replay.Config) (*replay.ControlPlane, replay.Result) {
+	t.Helper()
+	g := NewWithT(t)
+	ctx := t.Context()
+	cp, err := replay.StartControlPlane(ctx, 200*time.Millisecond)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(cp.Stop)
+	fleet, err := cp.Install(ctx, w, spec, replay.DefaultMinReplicas, replay.DefaultMaxReplicas)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(cp.WaitBounded(ctx, w, fleet, int(spec.Capacity.Concurrency/spec.Consumers[0].SlotsPerReplica))).To(Succeed())
+	res, err := replay.Run(ctx, cfg, fleet, func(s replay.Sample) { t.Log(s) })
+	g.Expect(err).NotTo(HaveOccurred())
+	return cp, res
 }
