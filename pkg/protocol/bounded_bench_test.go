@@ -193,7 +193,7 @@ func benchSweep(byRelease bool) func(b *testing.B, s *slowlog, rdb *redis.Client
 }
 
 // benchMinuteTotals: the first release of a minute, which writes the totals
-// of the previous minute (nine counters in each of its seconds), five times.
+// of the previous minute (every counter in each of its seconds), five times.
 func benchMinuteTotals(b *testing.B, s *slowlog, rdb *redis.Client) {
 	ctx := context.Background()
 	c := newClient(b, rdb)

@@ -214,7 +214,8 @@ func nextSecond(t testing.TB, rdb redis.UniversalClient, s int64) int64 {
 	}
 }
 
-var allSuffixes = []string{"s", "f", "t", "a1", "a2", "a3", "a4", "g", "b"}
+// allSuffixes are lib.lua's suffixes(): every counter a second can hold.
+var allSuffixes = []string{"s", "f", "t", "a1", "a2", "a3", "a4", "g", "b", "ds", "dn"}
 
 // TestWindowReadAfterTransitionIsIncremental: after a transition the
 // controller reads (from, now] at every evaluation, with the same from, until
@@ -325,9 +326,10 @@ func TestStatsFarBehindSweepIsIncremental(t *testing.T) {
 	if err := rdb.HSet(ctxT(t), key, "pruned", now-7300).Err(); err != nil {
 		t.Fatal(err)
 	}
-	// Nine counters a second within the retention, a margin for the
-	// seconds that pass, and the bookkeeping fields.
-	bound := 9*(retention+5) + 9*4 + 30
+	// Every counter of a second (allSuffixes) within the retention, a
+	// margin for the seconds that pass, and the bookkeeping fields.
+	perSecond := int64(len(allSuffixes))
+	bound := perSecond*(retention+5) + perSecond*4 + 30
 	// Read until the sweep is over and the cursor has caught up with the
 	// retention.
 	var target int64

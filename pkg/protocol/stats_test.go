@@ -441,6 +441,10 @@ func windowFromCounters(t *testing.T, rdb redis.UniversalClient, c *protocol.Cli
 			w.RetriesGranted += n
 		case "b":
 			w.BudgetRefused += n
+		case "ds":
+			w.SuccessMicros += n
+		case "dn":
+			w.TimedSuccesses += n
 		}
 	}
 	w.Calls = w.Successes + w.Failures + w.Timeouts
