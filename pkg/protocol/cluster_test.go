@@ -73,9 +73,9 @@ func TestKeysShareOneSlot(t *testing.T) {
 		}
 	}
 	k := protocol.KeysFor(protocol.Dependency{Namespace: "shop", Name: "payments"})
-	if k.State != "spillway:v3:{shop/payments}:state" || k.Leases != "spillway:v3:{shop/payments}:leases" ||
-		k.GCRA != "spillway:v3:{shop/payments}:gcra" || k.Stats != "spillway:v3:{shop/payments}:stats" ||
-		k.Probes != "spillway:v3:{shop/payments}:probes" || k.Job("j") != "spillway:v3:{shop/payments}:job:j" {
+	if k.State != "spillway:v4:{shop/payments}:state" || k.Leases != "spillway:v4:{shop/payments}:leases" ||
+		k.GCRA != "spillway:v4:{shop/payments}:gcra" || k.Stats != "spillway:v4:{shop/payments}:stats" ||
+		k.Probes != "spillway:v4:{shop/payments}:probes" || k.Job("j") != "spillway:v4:{shop/payments}:job:j" {
 		t.Errorf("key layout changed: %+v %s", k, k.Job("j"))
 	}
 }

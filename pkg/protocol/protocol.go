@@ -1,4 +1,4 @@
-// Package protocol is Spillway's Redis protocol, version 3: the keys of one
+// Package protocol is Spillway's Redis protocol, version 4: the keys of one
 // dependency, the Lua scripts that change them, and typed Go calls for each.
 // docs/protocol.md is its specification; a worker in another language can join
 // the fleet by following it.
@@ -25,10 +25,10 @@ import (
 // Version is the protocol version. It is part of every key and stored in the
 // state hash; acquire and budget, the scripts that act on the policy, refuse
 // another version.
-const Version = 3
+const Version = 4
 
 // KeyPrefix starts every key of this protocol version.
-const KeyPrefix = "spillway:v3:"
+const KeyPrefix = "spillway:v4:"
 
 // Outcome is how a call ended, as reported on release.
 type Outcome string

@@ -71,7 +71,7 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		for field, v := range map[string]string{
-			"version":          "3",
+			"version":          "4",
 			"epoch":            "7",
 			"state":            "Ramping",
 			"rate_interval_us": "3004", // ceil(1e6/333)

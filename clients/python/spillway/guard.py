@@ -1,5 +1,5 @@
 """The worker side of Spillway for Python: every protection the fleet puts on
-calls to one dependency, enforced through Redis at each call (protocol v3),
+calls to one dependency, enforced through Redis at each call (protocol v4),
 with the failure-mode rules of the Go guard (pkg/guard):
 
 - every acquisition carries a deadline in Redis time, from an estimate of

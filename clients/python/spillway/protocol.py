@@ -1,4 +1,4 @@
-"""Spillway's Redis protocol, version 3, for Python (docs/protocol.md).
+"""Spillway's Redis protocol, version 4, for Python (docs/protocol.md).
 
 The keys of one dependency and typed calls for the scripts a worker runs:
 acquire, renew, release, forget, budget and supersede (and publish and
@@ -29,8 +29,8 @@ from typing import List, Optional, Sequence
 import redis
 from redis.exceptions import NoScriptError, ResponseError
 
-VERSION = 3
-KEY_PREFIX = "spillway:v3:"
+VERSION = 4
+KEY_PREFIX = "spillway:v4:"
 
 # States the controller publishes.
 CLOSED, OPEN, HALF_OPEN, RAMPING = "Closed", "Open", "HalfOpen", "Ramping"

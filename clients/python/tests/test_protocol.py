@@ -20,9 +20,9 @@ def evalsha_calls(rdb):
 
 def test_keys_carry_the_version_and_the_hash_tag():
     k = P.Keys.of(P.Dependency.parse("shop/payments"))
-    assert k.state == "spillway:v3:{shop/payments}:state"
-    assert k.leases == "spillway:v3:{shop/payments}:leases"
-    assert k.job("order-42") == "spillway:v3:{shop/payments}:job:order-42"
+    assert k.state == "spillway:v4:{shop/payments}:state"
+    assert k.leases == "spillway:v4:{shop/payments}:leases"
+    assert k.job("order-42") == "spillway:v4:{shop/payments}:job:order-42"
 
 
 @pytest.mark.parametrize("bad", ["nons", "Shop/x", "shop/", "/x", "shop/x_y", "a{b/c"])

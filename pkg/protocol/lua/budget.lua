@@ -7,7 +7,7 @@ local st = redis.call('HMGET', KEYS[1], 'version', 'budget_ratio_ppm',
   'budget_min_retries', 'budget_window_s', 'backoff_base_ms', 'backoff_max_ms',
   'jitter', 'stats_retention_s')
 if not st[1] then return {-5} end
-if st[1] ~= '3' then return {-6} end
+if st[1] ~= '4' then return {-6} end
 local now_s = math.floor(now_us() / 1000000)
 local window = math.floor(tonumber(st[4]))
 local names = {'s', 'f', 't', 'g'}

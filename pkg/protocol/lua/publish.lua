@@ -21,7 +21,7 @@ elseif seq <= stored_seq then
 end
 if stored ~= epoch then redis.call('DEL', KEYS[2]) end
 local now_ms = math.floor(now_us() / 1000)
-local args = {'version', '3', 'epoch', ARGV[1], 'seq', int(seq), 'updated_at_ms', int(now_ms)}
+local args = {'version', '4', 'epoch', ARGV[1], 'seq', int(seq), 'updated_at_ms', int(now_ms)}
 for i = 3, #ARGV do args[#args + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(args))
 return {1, now_ms}

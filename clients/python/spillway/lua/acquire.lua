@@ -24,7 +24,7 @@ local st = redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
   'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
   'stale_after_ms', 'half_open_probes')
 if not st[1] then return {5} end
-if st[1] ~= '3' then return {6, tonumber(st[1]) or -1} end
+if st[1] ~= '4' then return {6, tonumber(st[1]) or -1} end
 
 -- A resend: the client sent this lease id before, Redis admitted it and the
 -- reply was lost (a connection closed after the script ran), and the client

@@ -1,4 +1,4 @@
--- Shared by every Spillway script (protocol v3). Redis runs Lua 5.1, whose
+-- Shared by every Spillway script (protocol v4). Redis runs Lua 5.1, whose
 -- numbers are doubles: integers are exact below 2^53, and tostring() keeps only
 -- 14 significant digits, so every number written back to Redis goes through
 -- int(), never through implicit conversion. Top-level code here only defines
