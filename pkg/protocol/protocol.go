@@ -103,19 +103,24 @@ type Keys struct {
 	Stats string
 	// Probes is a hash of the outcomes of the current HalfOpen epoch's probes.
 	Probes string
-	prefix string
+	// Changes is the pub/sub channel on which the scripts announce a change
+	// of the published state ("<epoch> <state> <limit>"). It is the state
+	// key with "state" replaced by "changes" (lib.lua changes_channel).
+	Changes string
+	prefix  string
 }
 
 // KeysFor returns the keys of d. It does not validate d.
 func KeysFor(d Dependency) Keys {
 	p := KeyPrefix + "{" + d.Namespace + "/" + d.Name + "}:"
 	return Keys{
-		State:  p + "state",
-		Leases: p + "leases",
-		GCRA:   p + "gcra",
-		Stats:  p + "stats",
-		Probes: p + "probes",
-		prefix: p,
+		State:   p + "state",
+		Leases:  p + "leases",
+		GCRA:    p + "gcra",
+		Stats:   p + "stats",
+		Probes:  p + "probes",
+		Changes: p + "changes",
+		prefix:  p,
 	}
 }
 

@@ -127,6 +127,11 @@ class Keys:
     def probes(self) -> str:
         return self.prefix + "probes"
 
+    @property
+    def changes(self) -> str:
+        """The pub/sub channel that announces changes of the published state."""
+        return self.prefix + "changes"
+
     def job(self, job_key: str) -> str:
         return self.prefix + "job:" + job_key
 

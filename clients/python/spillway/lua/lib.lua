@@ -8,6 +8,12 @@ local function int(n)
   return string.format('%d', n)
 end
 
+-- The pub/sub channel that announces a dependency's changes: its state key
+-- with the trailing 'state' replaced by 'changes' (Keys.Changes in Go).
+local function changes_channel(state_key)
+  return string.sub(state_key, 1, -6) .. 'changes'
+end
+
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
