@@ -28,6 +28,7 @@ type Client struct {
 	budgetKeys  []string
 	windowKeys  []string
 	publishKeys []string
+	poolKeys    []string
 }
 
 // NewClient returns a Client for d over rdb, which may be a *redis.Client, a
@@ -44,13 +45,14 @@ func NewClient(rdb redis.UniversalClient, d Dependency) (*Client, error) {
 		rdb:         rdb,
 		dep:         d,
 		keys:        k,
-		acquireKeys: []string{k.State, k.Leases, k.GCRA, k.Probes},
+		acquireKeys: []string{k.State, k.Leases, k.GCRA, k.Probes, k.Wants},
 		releaseKeys: []string{k.Leases, k.Stats},
 		probeKeys:   []string{k.Leases, k.Stats, k.State, k.Probes},
 		renewKeys:   []string{k.Leases},
 		budgetKeys:  []string{k.State, k.Stats},
 		windowKeys:  []string{k.State, k.Stats, k.Probes, k.Leases},
 		publishKeys: []string{k.State, k.Probes},
+		poolKeys:    []string{k.State, k.Leases, k.GCRA, k.Stats, k.Pools, k.Wants},
 	}, nil
 }
 
@@ -177,7 +179,7 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 		if a.JobTTL < time.Millisecond {
 			return Admission{}, fmt.Errorf("job ttl must be at least 1ms, got %v", a.JobTTL)
 		}
-		keys = []string{c.keys.State, c.keys.Leases, c.keys.GCRA, c.keys.Probes, c.keys.Job(a.JobKey)}
+		keys = []string{c.keys.State, c.keys.Leases, c.keys.GCRA, c.keys.Probes, c.keys.Wants, c.keys.Job(a.JobKey)}
 		args = append(args, a.JobVersion, a.JobTTL.Milliseconds())
 	}
 	res, err := acquireScript.Run(ctx, c.rdb, keys, args...).Slice()
