@@ -111,3 +111,261 @@ func TestPoolGrantsUpToTheLimit(t *testing.T) {
 		}
 	})
 }
+
+// TestPoolFairShare: one pool holds every slot; two more start waiting. The
+// holder is told to give back the slots above its share, and after that
+// each waiting pool has at least floor(limit / waiting pools), and the
+// shares add up to the limit. Every pool refreshes once a round, returning
+// the excess it is told of (all its slots are idle here).
+func TestPoolFairShare(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		mustPublish(t, c, policy(10))
+		a, b, d := newPool(c, "a"), newPool(c, "b"), newPool(c, "d")
+		if r := a.refresh(t, 100, nil); len(r.Granted) != 10 {
+			t.Fatalf("a alone wanting 100 got %d, want all 10: nobody else waits", len(r.Granted))
+		}
+		excess := map[*testPool]int64{}
+		for round := range 3 {
+			for _, p := range []*testPool{b, d, a} {
+				r := p.giveBack(t, excess[p], 100)
+				excess[p] = r.Excess
+				if live := liveLeases(t, rdb, c); live > 10 {
+					t.Fatalf("round %d: %d live leases, more than the limit", round, live)
+				}
+			}
+		}
+		total := 0
+		for _, p := range []*testPool{a, b, d} {
+			if len(p.held) < 10/3 {
+				t.Errorf("pool %s holds %d after three rounds, want at least %d", p.id, len(p.held), 10/3)
+			}
+			total += len(p.held)
+		}
+		if total != 10 {
+			t.Errorf("the pools hold %d in all, want the whole limit 10", total)
+		}
+	})
+}
+
+// TestPoolMaxMinShare: a small want is met in full and the rest is split
+// evenly between the bigger ones, the remainder going one slot each to the
+// first of them by id.
+func TestPoolMaxMinShare(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		mustPublish(t, c, policy(20))
+		small, x, y, z := newPool(c, "s"), newPool(c, "x"), newPool(c, "y"), newPool(c, "z")
+		small.refresh(t, 2, nil)
+		x.refresh(t, 50, nil)
+		y.refresh(t, 50, nil)
+		z.refresh(t, 50, nil)
+		// 18 left for three: 6 each.
+		for _, tc := range []struct {
+			p    *testPool
+			want int64
+		}{{small, 2}, {x, 6}, {y, 6}, {z, 6}} {
+			if r := tc.p.refresh(t, map[bool]int64{true: 2, false: 50}[tc.p == small], nil); r.Share != tc.want {
+				t.Errorf("pool %s share = %d, want %d", tc.p.id, r.Share, tc.want)
+			}
+		}
+		// 19 slots: 17 left for three, 6 for x and y, 5 for z.
+		p := policy(19)
+		p.Epoch = 2
+		mustPublish(t, c, p)
+		for _, tc := range []struct {
+			p    *testPool
+			want int64
+		}{{x, 6}, {y, 6}, {z, 5}} {
+			if r := tc.p.refresh(t, 50, nil); r.Share != tc.want {
+				t.Errorf("limit 19: pool %s share = %d, want %d", tc.p.id, r.Share, tc.want)
+			}
+		}
+	})
+}
+
+// TestPoolPerCallDemandCounts: a pool holds every slot; a per-call acquire is
+// refused for want of one and records per-call demand, so the pool's next
+// refresh counts per-call workers as a contender and tells it to give back
+// the slots above its share; per-call acquisitions then get them.
+func TestPoolPerCallDemandCounts(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		mustPublish(t, c, policy(10))
+		a := newPool(c, "a")
+		if r := a.refresh(t, 100, nil); len(r.Granted) != 10 || r.Excess != 0 {
+			t.Fatalf("pool alone = %+v, want all 10 and no excess", r)
+		}
+		if got := mustAcquire(t, c, time.Second); got.Code != protocol.RefusedThrottled {
+			t.Fatalf("per-call acquire = %v, want throttled", got.Code)
+		}
+		r := a.refresh(t, 100, nil)
+		if r.Share != 5 || r.Excess != 5 || len(r.Granted) != 0 {
+			t.Fatalf("refresh after a per-call refusal = share %d excess %d granted %d, want 5, 5, 0", r.Share, r.Excess, len(r.Granted))
+		}
+		a.giveBack(t, r.Excess, 100)
+		for range 5 {
+			mustAdmit(t, c, 10*time.Second)
+		}
+		if got := mustAcquire(t, c, time.Second); got.Code != protocol.RefusedThrottled {
+			t.Errorf("sixth per-call acquire = %v, want throttled: the pool keeps its share", got.Code)
+		}
+		// Once per-call demand is over a second old it no longer counts.
+		time.Sleep(1100 * time.Millisecond)
+		if r = a.refresh(t, 100, nil); r.Excess != 0 || r.Share != 10 {
+			t.Errorf("refresh with per-call demand gone = share %d excess %d, want 10 and 0", r.Share, r.Excess)
+		}
+	})
+}
+
+// TestPoolResendAnswersTheFirstRun: the same request sent twice (its reply
+// was lost) is answered with the first run's members and counts its report
+// once; the pool's next request takes the normal path.
+func TestPoolResendAnswersTheFirstRun(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		mustPublish(t, c, policy(10))
+		var rep protocol.Report
+		rep.Add(protocol.Success, 1, 3*time.Millisecond)
+		rep.Add(protocol.Failure, 2, -1)
+		a := protocol.PoolArgs{PoolID: "a", RequestID: "r1", TTL: 10 * time.Second, Want: 4, Report: rep}
+		first, err := c.Pool(ctxT(t), a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := c.Pool(ctxT(t), a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(first) != fmt.Sprint(again) {
+			t.Errorf("resend = %+v, want the first run's %+v", again, first)
+		}
+		if n := liveLeases(t, rdb, c); n != 4 {
+			t.Errorf("live leases after a resend = %d, want 4", n)
+		}
+		w, _ := mustWindow(t, c, time.Minute, time.Time{})
+		if w.Calls != 2 || w.Successes != 1 || w.Failures != 1 {
+			t.Errorf("window after a resent report = %+v, want it counted once", w)
+		}
+		a.RequestID, a.Report, a.Held, a.Want = "r2", protocol.Report{}, first.Granted, 6
+		next, err := c.Pool(ctxT(t), a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(next.Granted) != 2 || len(without(next.Granted, first.Granted)) != 2 {
+			t.Errorf("next request granted %v, want 2 new members", next.Granted)
+		}
+	})
+}
+
+// TestPoolReturnedAndLostMembers: returned members are written expired, not
+// removed, and a pool that names one as held is told it is lost; so is a
+// member past its TTL. Members of another pool are neither renewed nor
+// returned.
+func TestPoolReturnedAndLostMembers(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		mustPublish(t, c, policy(10))
+		a, b := newPool(c, "a"), newPool(c, "b")
+		a.refresh(t, 3, nil)
+		b.refresh(t, 2, nil)
+		gone := a.held[0]
+		a.refresh(t, 2, []string{gone})
+		if s, err := rdb.ZScore(ctx, c.Keys().Leases, gone).Result(); err != nil || s != 0 {
+			t.Errorf("returned member score = %v (%v), want 0: written expired", s, err)
+		}
+		r, err := c.Pool(ctx, protocol.PoolArgs{PoolID: "a", RequestID: "x1", TTL: 10 * time.Second,
+			Held: []string{gone, a.held[0], b.held[0]}, Return: []string{b.held[1]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(r.Lost) != fmt.Sprint([]string{gone, b.held[0]}) {
+			t.Errorf("lost = %v, want the returned member and the other pool's", r.Lost)
+		}
+		if n := liveLeases(t, rdb, c); n != 4 {
+			t.Errorf("live leases = %d, want 4: b's members untouched by a", n)
+		}
+		// A member past its TTL is lost, and not renewed.
+		short, err := c.Pool(ctx, protocol.PoolArgs{PoolID: "e", RequestID: "e1", TTL: 50 * time.Millisecond, Want: 1})
+		if err != nil || len(short.Granted) != 1 {
+			t.Fatalf("short pool: %+v, %v", short, err)
+		}
+		time.Sleep(80 * time.Millisecond)
+		r, err = c.Pool(ctx, protocol.PoolArgs{PoolID: "e", RequestID: "e2", TTL: 10 * time.Second, Held: short.Granted})
+		if err != nil || len(r.Lost) != 1 {
+			t.Errorf("refresh after the ttl = %+v, %v, want the member lost", r, err)
+		}
+		if n := liveLeases(t, rdb, c); n != 4 {
+			t.Errorf("live leases = %d, want 4: an expired member is not renewed", n)
+		}
+	})
+}
+
+// TestPoolGrantsNothingUnlessClosedOrRamping: Open and HalfOpen grant no
+// slot and tell the pool to give back every slot (held ones are still
+// renewed: their calls run on); the dead-man rule's stale Open is flagged
+// and grants none either. Ramping grants up to its limit.
+func TestPoolGrantsNothingUnlessClosedOrRamping(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		p := policy(10)
+		mustPublish(t, c, p)
+		a := newPool(c, "a")
+		a.refresh(t, 4, nil)
+		for i, s := range []wire.State{wire.Open, wire.HalfOpen} {
+			p.State, p.Epoch, p.Limit = s, int64(2+i), 1
+			p.OpenUntil = redisNow(t, rdb).Add(time.Minute)
+			mustPublish(t, c, p)
+			r := a.refresh(t, 10, nil)
+			if len(r.Granted) != 0 || r.Excess != 4 || r.Share != 0 || r.State != s || r.Batching() || r.Stale {
+				t.Errorf("%s: %+v, want nothing granted and all 4 in excess", s, r)
+			}
+			if len(r.Lost) != 0 || liveLeases(t, rdb, c) != 4 {
+				t.Errorf("%s: held members were not renewed (lost %v)", s, r.Lost)
+			}
+			if s == wire.Open && r.OpenUntil.IsZero() {
+				t.Errorf("Open reply has no OpenUntil")
+			}
+		}
+		if err := rdb.HSet(ctxT(t), c.Keys().State, "stale_after_ms", 1000,
+			"updated_at_ms", redisNow(t, rdb).Add(-time.Minute).UnixMilli()).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if r := a.refresh(t, 10, nil); !r.Stale || len(r.Granted) != 0 || r.Excess != 4 {
+			t.Errorf("stale HalfOpen: %+v, want flagged stale, nothing granted", r)
+		}
+		p.State, p.Epoch, p.Limit = wire.Ramping, 5, 6
+		mustPublish(t, c, p)
+		if r := a.refresh(t, 10, nil); len(r.Granted) != 2 || !r.Batching() {
+			t.Errorf("Ramping at 6 with 4 held: %+v, want 2 granted", r)
+		}
+	})
+}
+
+// TestPoolLoweredLimitShrinks: alone, a pool keeps idle slots, but a lowered
+// limit makes the slots above it excess.
+func TestPoolLoweredLimitShrinks(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		p := policy(10)
+		mustPublish(t, c, p)
+		a := newPool(c, "a")
+		a.refresh(t, 10, nil)
+		if r := a.refresh(t, 2, nil); r.Excess != 0 {
+			t.Errorf("alone, wanting 2 of 10 held: excess %d, want 0", r.Excess)
+		}
+		p.Limit, p.Epoch = 3, 2
+		mustPublish(t, c, p)
+		if r := a.refresh(t, 2, nil); r.Excess != 7 || len(r.Granted) != 0 {
+			t.Errorf("limit lowered to 3 with 10 held: %+v, want excess 7", r)
+		}
+	})
+}
