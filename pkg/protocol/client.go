@@ -305,6 +305,9 @@ func (c *Client) Forget(ctx context.Context, member string) error {
 // BudgetDecision is the answer to "may this failed job retry now?".
 type BudgetDecision struct {
 	Allowed bool
+	// Grants is how many retries this decision granted: 0 or 1 from
+	// RetryBudget, up to n from RetryBudgetN.
+	Grants int64
 	// Backoff is the policy's backoff as published now.
 	Backoff retry.Backoff
 	// Calls and Granted are the calls and retries counted in the window,
@@ -316,7 +319,22 @@ type BudgetDecision struct {
 // counts the grant or the refusal. It also returns the backoff parameters in
 // force, so a policy change applies at the next failure.
 func (c *Client) RetryBudget(ctx context.Context) (BudgetDecision, error) {
-	res, err := budgetScript.Run(ctx, c.rdb, c.budgetKeys).Slice()
+	return c.retryBudget(ctx)
+}
+
+// RetryBudgetN asks for n retries at once (a process's batch) and grants
+// what n one-at-a-time RetryBudget decisions would have granted: the
+// retries that keep the budget rule true, never more. It counts the grants
+// and the n − Grants refusals.
+func (c *Client) RetryBudgetN(ctx context.Context, n int64) (BudgetDecision, error) {
+	if n < 1 {
+		return BudgetDecision{}, fmt.Errorf("retries asked must be at least 1, got %d", n)
+	}
+	return c.retryBudget(ctx, n)
+}
+
+func (c *Client) retryBudget(ctx context.Context, args ...any) (BudgetDecision, error) {
+	res, err := budgetScript.Run(ctx, c.rdb, c.budgetKeys, args...).Slice()
 	if err != nil {
 		return BudgetDecision{}, fmt.Errorf("failed to check the retry budget for %s: %w", c.dep, err)
 	}
@@ -330,7 +348,7 @@ func (c *Client) RetryBudget(ctx context.Context) (BudgetDecision, error) {
 	case -6:
 		return BudgetDecision{}, fmt.Errorf("%s: %w", c.dep, ErrVersion)
 	}
-	if len(res) < 6 {
+	if len(res) != 6+len(args) {
 		return BudgetDecision{}, fmt.Errorf("unexpected budget reply %v", res)
 	}
 	base, _ := intAt(res, 1)
@@ -338,8 +356,18 @@ func (c *Client) RetryBudget(ctx context.Context) (BudgetDecision, error) {
 	jitter, _ := res[3].(string)
 	calls, _ := intAt(res, 4)
 	granted, _ := intAt(res, 5)
+	grants := int64(0)
+	if code == 1 {
+		grants = 1
+	}
+	if len(args) > 0 {
+		if grants, err = intAt(res, 6); err != nil {
+			return BudgetDecision{}, err
+		}
+	}
 	return BudgetDecision{
 		Allowed: code == 1,
+		Grants:  grants,
 		Backoff: retry.Backoff{
 			Base:   time.Duration(base) * time.Millisecond,
 			Max:    time.Duration(maxMS) * time.Millisecond,
