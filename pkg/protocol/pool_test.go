@@ -369,3 +369,39 @@ func TestPoolLoweredLimitShrinks(t *testing.T) {
 		}
 	})
 }
+
+// TestPoolRenewsHeldMembersAtHalfTheirTTL: a refresh leaves a held member's
+// expiry alone while more than half its ttl is left, and moves it to now +
+// ttl once less is: a member refreshed every tenth of its ttl never lapses,
+// and never lives more than a ttl past the last refresh.
+func TestPoolRenewsHeldMembersAtHalfTheirTTL(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ctx := ctxT(t)
+		mustPublish(t, c, policy(10))
+		const ttl = 400 * time.Millisecond
+		a := newPool(c, "a")
+		a.refresh(t, 1, nil, func(p *protocol.PoolArgs) { p.TTL = ttl })
+		m := a.held[0]
+		first, _ := rdb.ZScore(ctx, c.Keys().Leases, m).Result()
+		a.refresh(t, 1, nil, func(p *protocol.PoolArgs) { p.TTL = ttl })
+		if s, _ := rdb.ZScore(ctx, c.Keys().Leases, m).Result(); s != first {
+			t.Errorf("expiry moved from %v to %v with most of the ttl left", first, s)
+		}
+		for range 10 {
+			time.Sleep(ttl / 10)
+			if r := a.refresh(t, 1, nil, func(p *protocol.PoolArgs) { p.TTL = ttl }); len(r.Lost) != 0 {
+				t.Fatalf("member lost while refreshed every tenth of its ttl")
+			}
+			s, _ := rdb.ZScore(ctx, c.Keys().Leases, m).Result()
+			now := redisNow(t, rdb)
+			if left := time.UnixMilli(int64(s)).Sub(now); left > ttl || left < ttl/2-ttl/10 {
+				t.Errorf("%v left of the ttl %v after a refresh, want between half and all of it", left, ttl)
+			}
+		}
+		if s, _ := rdb.ZScore(ctx, c.Keys().Leases, m).Result(); s == first {
+			t.Errorf("expiry never renewed over a ttl of refreshes")
+		}
+	})
+}

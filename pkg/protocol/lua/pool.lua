@@ -180,8 +180,12 @@ if nret > 0 then
   if #back > 0 then redis.call('ZADD', KEYS[2], 'XX', unpack(back)) end
 end
 
--- Held members are renewed when they are still live; the others are lost
--- (expired: the fleet stopped counting them) and reported so.
+-- Held members that are still live are kept; the others are lost (expired:
+-- the fleet stopped counting them) and reported so. A kept member is
+-- renewed (expiry = now + ttl) only once less than half its ttl is left:
+-- a pool refreshes many times a ttl, and moving a member in the sorted set
+-- is most of a refresh's cost. A dead process's slots still expire within
+-- the ttl.
 local kept, lost = 0, {}
 if nheld > 0 then
   local members = {}
@@ -189,11 +193,14 @@ if nheld > 0 then
   local scores = redis.call('ZMSCORE', KEYS[2], unpack(members))
   local renew = {}
   local expiry = int(now_ms + ttl)
+  local due = now_ms + ttl / 2
   for i, m in ipairs(members) do
     local s = tonumber(scores[i])
     if mine(m) and s and s > now_ms then
-      renew[#renew + 1] = expiry
-      renew[#renew + 1] = m
+      if s <= due then
+        renew[#renew + 1] = expiry
+        renew[#renew + 1] = m
+      end
       kept = kept + 1
     else
       lost[#lost + 1] = m
