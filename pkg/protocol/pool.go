@@ -14,6 +14,11 @@ import (
 // returned): Lua 5.1 unpacks at most about 8000 values at a time.
 const MaxPoolMembers = 4000
 
+// ErrLate means a pool request reached Redis after its deadline: nothing was
+// written, nothing granted, its report not counted. The pool sends its
+// report again with its next request.
+var ErrLate = errors.New("the request ran after its deadline")
+
 // Report is an aggregated outcome report: the counters a release writes,
 // summed over the calls a process ended since its last report. A pool call
 // adds them to the current second's counters, so the window the controller
@@ -76,8 +81,17 @@ type PoolArgs struct {
 	// again. A pool sends a new id for each new request, and the same id
 	// again until it has read the reply.
 	RequestID string
-	// TTL is the expiry of every held and granted member from now: a
-	// process that dies loses its slots after at most TTL.
+	// Deadline, when set, is the latest Redis time at which the request may
+	// still run: a request that waited longer (behind a slow script, or in
+	// the socket of a paused Redis) is refused with ErrLate and writes
+	// nothing, so it grants no slot that no call uses. A resend of a
+	// request that ran is answered whatever its deadline. Estimate it from
+	// PoolReply.Now.
+	Deadline time.Time
+	// TTL is the expiry of every held and granted member: a process that
+	// dies loses its slots at most TTL after its last refresh. Members are
+	// renewed to now + TTL once less than TTL/2 is left, so a pool
+	// refreshes more often than every TTL/2.
 	TTL time.Duration
 	// Held are the members the pool still holds (in use or idle): they are
 	// renewed; the ones that expired come back in PoolReply.Lost.
@@ -174,8 +188,8 @@ func (c *Client) Pool(ctx context.Context, a PoolArgs) (PoolReply, error) {
 		return PoolReply{}, fmt.Errorf("a pool call names at most %d members, got %d", MaxPoolMembers, n)
 	}
 	r := a.Report
-	args := make([]any, 0, 17+len(a.Held)+len(a.Return))
-	args = append(args, a.PoolID, a.RequestID, a.TTL.Milliseconds(), a.Want, a.Tokens, a.TokenLead.Microseconds(),
+	args := make([]any, 0, 18+len(a.Held)+len(a.Return))
+	args = append(args, a.PoolID, a.RequestID, millis(a.Deadline), a.TTL.Milliseconds(), a.Want, a.Tokens, a.TokenLead.Microseconds(),
 		len(a.Held), len(a.Return),
 		r.Successes, r.Failures, r.Timeouts, r.ByAttempt[0], r.ByAttempt[1], r.ByAttempt[2], r.ByAttempt[3],
 		r.SuccessMicros, r.TimedSuccesses)
@@ -203,6 +217,12 @@ func (c *Client) parsePool(res []any) (PoolReply, error) {
 		return PoolReply{}, fmt.Errorf("%s: %w", c.dep, ErrNoPolicy)
 	case 6:
 		return PoolReply{}, fmt.Errorf("%s: %w", c.dep, ErrVersion)
+	case 7:
+		ms, err := intAt(res, 1)
+		if err != nil {
+			return PoolReply{}, err
+		}
+		return PoolReply{Now: time.UnixMilli(ms)}, fmt.Errorf("%s at %v: %w", c.dep, time.UnixMilli(ms), ErrLate)
 	}
 	if code != 0 || len(res) != 15 {
 		return PoolReply{}, fmt.Errorf("unexpected pool reply %v", res)

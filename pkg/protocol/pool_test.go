@@ -1,6 +1,8 @@
 package protocol_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/wire"
 )
@@ -404,4 +407,57 @@ func TestPoolRenewsHeldMembersAtHalfTheirTTL(t *testing.T) {
 			t.Errorf("expiry never renewed over a ttl of refreshes")
 		}
 	})
+}
+
+// TestPoolLateRequestTakesNothing: a pool request that reaches the script
+// after its deadline (here: queued in the socket of a paused Redis while its
+// caller gave up) grants nothing, renews nothing and counts no report; a
+// resend of a request that ran is answered as it ran, deadline or not.
+func TestPoolLateRequestTakesNothing(t *testing.T) {
+	t.Parallel()
+	srv, err := redistest.StartServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	rdb := srv.Client(func(o *redis.Options) { o.MaxRetries, o.ContextTimeoutEnabled = -1, true })
+	c := newClient(t, rdb)
+	mustPublish(t, c, policy(10))
+	var rep protocol.Report
+	rep.Add(protocol.Success, 1, -1)
+	first, err := c.Pool(ctxT(t), protocol.PoolArgs{PoolID: "a", RequestID: "1", TTL: time.Minute, Want: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, err = c.Pool(ctx, protocol.PoolArgs{PoolID: "a", RequestID: "2", TTL: time.Minute, Want: 8,
+		Held: first.Granted, Report: rep, Deadline: first.Now.Add(50 * time.Millisecond)})
+	cancel()
+	if err == nil {
+		t.Fatal("a refresh against a paused Redis succeeded")
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	// The queued request has run by the time this one is answered.
+	if _, err := c.Pool(ctxT(t), protocol.PoolArgs{PoolID: "a", RequestID: "3", TTL: time.Minute,
+		Deadline: redisNow(t, rdb).Add(-time.Millisecond)}); !errors.Is(err, protocol.ErrLate) {
+		t.Errorf("a request past its deadline = %v, want ErrLate", err)
+	}
+	if n := liveLeases(t, rdb, c); n != 2 {
+		t.Errorf("live leases = %d, want the first request's 2: the late ones granted nothing", n)
+	}
+	if w, _ := mustWindow(t, c, time.Minute, time.Time{}); w.Calls != 0 {
+		t.Errorf("the late request's report was counted: %+v", w)
+	}
+	again, err := c.Pool(ctxT(t), protocol.PoolArgs{PoolID: "a", RequestID: "1", TTL: time.Minute, Want: 2,
+		Deadline: redisNow(t, rdb).Add(-time.Second)})
+	if err != nil || fmt.Sprint(again.Granted) != fmt.Sprint(first.Granted) {
+		t.Errorf("late resend of a request that ran = %+v, %v; want the first run's members %v", again, err, first.Granted)
+	}
 }

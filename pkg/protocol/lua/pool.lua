@@ -4,16 +4,17 @@
 -- is free and fair.
 -- KEYS[1] state  KEYS[2] leases  KEYS[3] gcra  KEYS[4] stats  KEYS[5] pools
 -- KEYS[6] wants
--- ARGV[1] pool id  ARGV[2] request id  ARGV[3] lease ttl ms  ARGV[4] want
--- (slots the process could use now: in flight + waiting)  ARGV[5] rate tokens
--- wanted  ARGV[6] token lead µs (the least time a granted token stays usable
--- after the script ran)  ARGV[7] h, the number of held members  ARGV[8] r,
--- the number of returned members  ARGV[9..17] the report since the last one:
--- s f t a1 a2 a3 a4 ds dn  ARGV[18..17+h] held members  ARGV[18+h..17+h+r]
--- returned members.
+-- ARGV[1] pool id  ARGV[2] request id  ARGV[3] deadline ms (Redis time, 0
+-- for none)  ARGV[4] lease ttl ms  ARGV[5] want (slots the process could use
+-- now: in flight + waiting)  ARGV[6] rate tokens wanted  ARGV[7] token lead
+-- µs (the least time a granted token stays usable after the script ran)
+-- ARGV[8] h, the number of held members  ARGV[9] r, the number of returned
+-- members  ARGV[10..18] the report since the last one: s f t a1 a2 a3 a4 ds
+-- dn  ARGV[19..18+h] held members  ARGV[19+h..18+h+r] returned members.
 -- Returns {0, epoch, state, limit, open_until_ms, now_ms, stale 0|1, share,
 -- excess, {granted members}, {lost members}, tokens, first token due µs,
--- token interval µs, token spread µs}, {5} no policy, {6, version}.
+-- token interval µs, token spread µs}, {5} no policy, {6, version}, {7, now
+-- ms} late: the request ran after its deadline and wrote nothing.
 -- Idempotent per request id: a resend of the pool's last request answers the
 -- first run's reply and writes nothing.
 
@@ -158,10 +159,18 @@ if st[1] ~= '4' then return {6, tonumber(st[1]) or -1} end
 local rec = redis.call('HMGET', KEYS[5], id .. ':req', id .. ':reply', id .. ':next')
 if rec[1] == ARGV[2] and rec[2] then return cmsgpack.unpack(rec[2]) end
 
-local ttl = tonumber(ARGV[3])
-local want = math.max(0, math.floor(tonumber(ARGV[4]) or 0))
-local nheld = math.floor(tonumber(ARGV[7]))
-local nret = math.floor(tonumber(ARGV[8]))
+-- A request that waited (behind a slow script, in the socket of a paused
+-- server) after its caller gave up on it must take nothing: its members
+-- would hold slots that no call uses for a ttl. It counts no report either;
+-- the pool sends that again. Checked after the resend, which is answered
+-- as its first run was, late or not.
+local deadline = tonumber(ARGV[3]) or 0
+if deadline > 0 and now_ms > deadline then return {7, now_ms} end
+
+local ttl = tonumber(ARGV[4])
+local want = math.max(0, math.floor(tonumber(ARGV[5]) or 0))
+local nheld = math.floor(tonumber(ARGV[8]))
+local nret = math.floor(tonumber(ARGV[9]))
 local own = id .. ':'
 local function mine(m) return string.sub(m, 1, #own) == own end
 
@@ -171,7 +180,7 @@ local function mine(m) return string.sub(m, 1, #own) == own end
 -- remove them.
 if nret > 0 then
   local back = {}
-  for i = 18 + nheld, 17 + nheld + nret do
+  for i = 19 + nheld, 18 + nheld + nret do
     if mine(ARGV[i]) then
       back[#back + 1] = '0'
       back[#back + 1] = ARGV[i]
@@ -189,7 +198,7 @@ end
 local kept, lost = 0, {}
 if nheld > 0 then
   local members = {}
-  for i = 18, 17 + nheld do members[#members + 1] = ARGV[i] end
+  for i = 19, 18 + nheld do members[#members + 1] = ARGV[i] end
   local scores = redis.call('ZMSCORE', KEYS[2], unpack(members))
   local renew = {}
   local expiry = int(now_ms + ttl)
@@ -213,7 +222,7 @@ end
 -- current second's, so the window reads what per-call releases would have
 -- written (lib.lua keep_stats on a counter's first count in the second).
 local names = suffixes()
-local report = {ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[15], nil, nil, ARGV[16], ARGV[17]}
+local report = {ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], nil, nil, ARGV[17], ARGV[18]}
 local sec = math.floor(now / 1000000)
 local p = int(sec) .. ':'
 local fresh = false
@@ -259,7 +268,7 @@ if state == 'Closed' or state == 'Ramping' then
     granted = pool_grant(KEYS[2], KEYS[5], id, rec[3], n, now_ms + ttl, live == 0)
   end
   pool_want(KEYS[6], id, want, kept + #granted, now_ms)
-  tokens, first, interval, spread = pool_tokens(KEYS[3], st[5], st[6], ARGV[5], ARGV[6], now)
+  tokens, first, interval, spread = pool_tokens(KEYS[3], st[5], st[6], ARGV[6], ARGV[7], now)
 else
   -- Open, HalfOpen and the dead-man rule's Stale grant no pool slots: the
   -- probes stay per-call. The pool drops every slot it can.
