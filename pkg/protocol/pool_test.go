@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -460,4 +461,53 @@ func TestPoolLateRequestTakesNothing(t *testing.T) {
 	if err != nil || fmt.Sprint(again.Granted) != fmt.Sprint(first.Granted) {
 		t.Errorf("late resend of a request that ran = %+v, %v; want the first run's members %v", again, err, first.Granted)
 	}
+}
+
+// TestPoolWaitingProcessesGetTheirShareWithin1s: one process's pool holds
+// the whole limit; three more start waiting for more than the limit. Each
+// refreshes every 20 ms in its own goroutine and gives back the excess it is
+// told of (its slots are idle). Within 1 s each waiting process holds at
+// least floor(limit / 4), and the fleet never holds more than the limit.
+func TestPoolWaitingProcessesGetTheirShareWithin1s(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		const limit = 21
+		c := newClient(t, rdb)
+		mustPublish(t, c, policy(limit))
+		pools := []*testPool{newPool(c, "holder"), newPool(c, "w1"), newPool(c, "w2"), newPool(c, "w3")}
+		if r := pools[0].refresh(t, 100, nil); len(r.Granted) != limit {
+			t.Fatalf("holder got %d, want all %d", len(r.Granted), limit)
+		}
+		start := time.Now()
+		got := make([]time.Duration, len(pools))
+		var wg sync.WaitGroup
+		for i, p := range pools {
+			wg.Go(func() {
+				var excess int64
+				for time.Since(start) < 1100*time.Millisecond {
+					r := p.giveBack(t, excess, 100)
+					excess = r.Excess
+					if got[i] == 0 && len(p.held) >= limit/len(pools) {
+						got[i] = time.Since(start)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			})
+		}
+		for time.Since(start) < 1100*time.Millisecond {
+			if n := liveLeases(t, rdb, c); n > limit {
+				t.Errorf("%d live leases, more than the limit %d", n, limit)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		wg.Wait()
+		for i, p := range pools[1:] {
+			if d := got[i+1]; d == 0 || d > time.Second {
+				t.Errorf("pool %s reached floor(%d/%d) = %d slots after %v, want within 1 s (holds %d)",
+					p.id, limit, len(pools), limit/len(pools), d, len(p.held))
+			} else {
+				t.Logf("pool %s had its share after %v", p.id, d)
+			}
+		}
+	})
 }
