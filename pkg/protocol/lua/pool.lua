@@ -307,13 +307,14 @@ if state == 'Closed' or state == 'Ramping' then
   local old_live = oat and now_ms - tonumber(oat) <= 1000
   local percall = now_ms - (tonumber(w[3]) or 0) <= 1000
   local split = split_cached(w[1], limit, percall, now_ms)
+  -- The split counted this pool as waiting as its entry said (a pool whose
+  -- waiting flipped since deleted the split, below).
   local was_waiting = old_live and ow > oh
-  if split and not (old_live and (ow > 0) == (want > 0) and was_waiting == (want > kept)
-      and (ow <= split[1]) == (want <= split[1])) then
+  if split and not (old_live and (ow > 0) == (want > 0) and (ow <= split[1]) == (want <= split[1])) then
     split = nil
   end
   if not split then
-    was_waiting = want > kept
+    if not old_live then was_waiting = want > kept end
     split = pool_split(KEYS[6], KEYS[5], id, want, was_waiting, limit, now_ms)
     redis.call('HSET', KEYS[6], 'split', int(now_ms) .. ' ' .. int(limit) .. ' ' .. int(split[1]) .. ' ' ..
       int(split[2]) .. ' ' .. int(split[4]) .. ' ' .. (split[5] and '1' or '0') .. ' ' .. split[3])
@@ -338,8 +339,8 @@ if state == 'Closed' or state == 'Ramping' then
   end
   local held = kept + #granted
   pool_want(KEYS[6], id, want, held, now_ms)
-  -- The split counted this pool as waiting or not; when that changed, the
-  -- others must see it at their next refresh.
+  -- When this pool started or stopped waiting, the others must see it at
+  -- their next refresh: the split counted it as before.
   if (want > held) ~= was_waiting then redis.call('HDEL', KEYS[6], 'split') end
   tokens, first, interval, spread = pool_tokens(KEYS[3], st[5], st[6], ARGV[6], ARGV[7], now)
 else
