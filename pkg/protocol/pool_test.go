@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -508,6 +509,77 @@ func TestPoolWaitingProcessesGetTheirShareWithin1s(t *testing.T) {
 			} else {
 				t.Logf("pool %s had its share after %v", p.id, d)
 			}
+		}
+	})
+}
+
+// TestPoolAndPerCallCapIsExact: batching pools (random wants, random
+// returns) and per-call workers share one limit concurrently. Each side
+// counts a slot as held from the moment Redis granted it until before it
+// asks Redis to free it, an upper bound on what the dependency sees in
+// flight; it never exceeds the limit, and both sides got slots.
+func TestPoolAndPerCallCapIsExact(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		const limit = 12
+		c := newClient(t, rdb)
+		mustPublish(t, c, policy(limit))
+		ctx, cancel := context.WithTimeout(ctxT(t), 800*time.Millisecond)
+		defer cancel()
+		var inFlight, most, pooled, perCall atomic.Int64
+		hold := func(n int64) {
+			v := inFlight.Add(n)
+			for m := most.Load(); v > m && !most.CompareAndSwap(m, v); m = most.Load() {
+			}
+		}
+		var wg sync.WaitGroup
+		for i := range 3 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(i), 9))
+				var held []string
+				for k := 0; ctx.Err() == nil; k++ {
+					ret := held[:rng.IntN(len(held)+1)]
+					hold(-int64(len(ret)))
+					r, err := c.Pool(ctx, protocol.PoolArgs{PoolID: fmt.Sprint("p", i), RequestID: fmt.Sprint(k),
+						TTL: 10 * time.Second, Held: held[len(ret):], Return: ret, Want: rng.Int64N(limit + 1)})
+					if err != nil {
+						return
+					}
+					held = append(without(held[len(ret):], r.Lost), r.Granted...)
+					hold(int64(len(r.Granted)))
+					pooled.Add(int64(len(r.Granted)))
+				}
+			})
+		}
+		for range 6 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					a, err := c.Acquire(ctx, protocol.AcquireArgs{LeaseID: protocol.NewLeaseID(), TTL: 10 * time.Second})
+					if err != nil {
+						return
+					}
+					if a.Code != protocol.Admitted {
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					hold(1)
+					perCall.Add(1)
+					time.Sleep(time.Millisecond)
+					hold(-1)
+					if _, err := c.Release(context.Background(), a.Member, 0, protocol.Success, 1); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		t.Logf("most in flight %d of %d; %d pooled grants, %d per-call admissions", most.Load(), limit, pooled.Load(), perCall.Load())
+		if most.Load() > limit {
+			t.Errorf("%d slots held at once, more than the limit %d", most.Load(), limit)
+		}
+		if pooled.Load() == 0 || perCall.Load() == 0 {
+			t.Errorf("%d pooled grants and %d per-call admissions: want both", pooled.Load(), perCall.Load())
 		}
 	})
 }
