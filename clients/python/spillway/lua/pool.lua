@@ -196,9 +196,12 @@ local now = now_us()
 local now_ms = math.floor(now / 1000)
 local id = ARGV[1]
 
-local st = redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
-  'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
-  'stale_after_ms')
+local function read_state()
+  return redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
+    'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
+    'stale_after_ms')
+end
+local st = read_state()
 if not st[1] then return {5} end
 if st[1] ~= '4' then return {6, tonumber(st[1]) or -1} end
 
@@ -284,7 +287,12 @@ for i = 1, #names do
 end
 if fresh then keep_stats(KEYS[4], sec) end
 
--- TRIP: the fleet-wide breaker trip runs here, once the report is counted.
+-- TRIP: the fleet-wide breaker trip runs here, once the report is counted,
+-- when it holds failures or timeouts (failed). A trip sets tripped, and this
+-- refresh then answers the Open it wrote: no slots, drop them all.
+local failed = (tonumber(ARGV[11]) or 0) + (tonumber(ARGV[12]) or 0) > 0
+local tripped = false
+if tripped then st = read_state() end
 
 local state = st[2]
 local limit = math.floor(tonumber(st[3]) or 0)
