@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -460,4 +462,124 @@ func TestPoolLateRequestTakesNothing(t *testing.T) {
 	if err != nil || fmt.Sprint(again.Granted) != fmt.Sprint(first.Granted) {
 		t.Errorf("late resend of a request that ran = %+v, %v; want the first run's members %v", again, err, first.Granted)
 	}
+}
+
+// TestPoolWaitingProcessesGetTheirShareWithin1s: one process's pool holds
+// the whole limit; three more start waiting for more than the limit. Each
+// refreshes every 20 ms in its own goroutine and gives back the excess it is
+// told of (its slots are idle). Within 1 s each waiting process holds at
+// least floor(limit / 4), and the fleet never holds more than the limit.
+func TestPoolWaitingProcessesGetTheirShareWithin1s(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		const limit = 21
+		c := newClient(t, rdb)
+		mustPublish(t, c, policy(limit))
+		pools := []*testPool{newPool(c, "holder"), newPool(c, "w1"), newPool(c, "w2"), newPool(c, "w3")}
+		if r := pools[0].refresh(t, 100, nil); len(r.Granted) != limit {
+			t.Fatalf("holder got %d, want all %d", len(r.Granted), limit)
+		}
+		start := time.Now()
+		got := make([]time.Duration, len(pools))
+		var wg sync.WaitGroup
+		for i, p := range pools {
+			wg.Go(func() {
+				var excess int64
+				for time.Since(start) < 1100*time.Millisecond {
+					r := p.giveBack(t, excess, 100)
+					excess = r.Excess
+					if got[i] == 0 && len(p.held) >= limit/len(pools) {
+						got[i] = time.Since(start)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			})
+		}
+		for time.Since(start) < 1100*time.Millisecond {
+			if n := liveLeases(t, rdb, c); n > limit {
+				t.Errorf("%d live leases, more than the limit %d", n, limit)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		wg.Wait()
+		for i, p := range pools[1:] {
+			if d := got[i+1]; d == 0 || d > time.Second {
+				t.Errorf("pool %s reached floor(%d/%d) = %d slots after %v, want within 1 s (holds %d)",
+					p.id, limit, len(pools), limit/len(pools), d, len(p.held))
+			} else {
+				t.Logf("pool %s had its share after %v", p.id, d)
+			}
+		}
+	})
+}
+
+// TestPoolAndPerCallCapIsExact: batching pools (random wants, random
+// returns) and per-call workers share one limit concurrently. Each side
+// counts a slot as held from the moment Redis granted it until before it
+// asks Redis to free it, an upper bound on what the dependency sees in
+// flight; it never exceeds the limit, and both sides got slots.
+func TestPoolAndPerCallCapIsExact(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		const limit = 12
+		c := newClient(t, rdb)
+		mustPublish(t, c, policy(limit))
+		ctx, cancel := context.WithTimeout(ctxT(t), 800*time.Millisecond)
+		defer cancel()
+		var inFlight, most, pooled, perCall atomic.Int64
+		hold := func(n int64) {
+			v := inFlight.Add(n)
+			for m := most.Load(); v > m && !most.CompareAndSwap(m, v); m = most.Load() {
+			}
+		}
+		var wg sync.WaitGroup
+		for i := range 3 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(i), 9))
+				var held []string
+				for k := 0; ctx.Err() == nil; k++ {
+					ret := held[:rng.IntN(len(held)+1)]
+					hold(-int64(len(ret)))
+					r, err := c.Pool(ctx, protocol.PoolArgs{PoolID: fmt.Sprint("p", i), RequestID: fmt.Sprint(k),
+						TTL: 10 * time.Second, Held: held[len(ret):], Return: ret, Want: rng.Int64N(limit + 1)})
+					if err != nil {
+						return
+					}
+					held = append(without(held[len(ret):], r.Lost), r.Granted...)
+					hold(int64(len(r.Granted)))
+					pooled.Add(int64(len(r.Granted)))
+				}
+			})
+		}
+		for range 6 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					a, err := c.Acquire(ctx, protocol.AcquireArgs{LeaseID: protocol.NewLeaseID(), TTL: 10 * time.Second})
+					if err != nil {
+						return
+					}
+					if a.Code != protocol.Admitted {
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					hold(1)
+					perCall.Add(1)
+					time.Sleep(time.Millisecond)
+					hold(-1)
+					if _, err := c.Release(context.Background(), a.Member, 0, protocol.Success, 1); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		t.Logf("most in flight %d of %d; %d pooled grants, %d per-call admissions", most.Load(), limit, pooled.Load(), perCall.Load())
+		if most.Load() > limit {
+			t.Errorf("%d slots held at once, more than the limit %d", most.Load(), limit)
+		}
+		if pooled.Load() == 0 || perCall.Load() == 0 {
+			t.Errorf("%d pooled grants and %d per-call admissions: want both", pooled.Load(), perCall.Load())
+		}
+	})
 }

@@ -25,34 +25,50 @@ local function pool_want(wants, id, want, held, now_ms)
   redis.call('PEXPIRE', wants, 3600000)
 end
 
--- The pool's fair share of limit: the max-min fair split of the limit over
--- the live contenders (entries of the wants hash written in the last second)
--- with a want above 0, live per-call demand (the field 'percall', written by
--- a refused acquire) being one contender that wants the whole limit. Wants
--- at or below the water level are met in full; the others get the level,
--- floor(what is left / how many), and the remainder goes one slot each to the
--- first of them by id, so the shares add up to the limit exactly. Also
--- returns whether another contender waits (wants more than it holds; live
--- per-call demand always waits). Deletes up to 8 entries silent for 10
+-- Whether string a sorts before b byte by byte. Lua's own '<' on strings
+-- follows the server's locale (Redis sets LC_COLLATE from its environment),
+-- which may ignore '-' or fold case: every pool must see one order, the one
+-- Go's FairShares uses.
+local function before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+-- The max-min fair split of limit over the live contenders: the entries of
+-- the wants hash written in the last second with a want above 0 (the
+-- calling pool's own with its current want and waiting), and live per-call
+-- demand (the field 'percall', written by a refused acquire within the last
+-- second) as one contender that wants the whole limit. Wants at or below
+-- the water level are met in full; the others get the level, floor(what is
+-- left / how many), and the remainder goes one slot each to the first of
+-- them by id (byte order), so the shares add up to the limit exactly
+-- (protocol.FairShares in Go). Returns the split
+-- as {level, remainder, edge (the id of the last contender given one slot
+-- more), waiting contenders (want above held; per-call demand always
+-- waits), per-call demand live}. Deletes up to 8 entries silent for 10
 -- minutes, with their pools records.
-local function pool_share(wants, pools, id, want, limit, now_ms)
+local function pool_split(wants, pools, id, want, waiting, limit, now_ms)
   local all = redis.call('HGETALL', wants)
-  local cont, waits, dead = {}, false, 0
+  local cont, nwait, percall, dead = {}, 0, false, 0
   if want > 0 then cont[1] = {id, want} end
+  if waiting then nwait = 1 end
   for i = 1, #all, 2 do
     local f, v = all[i], all[i + 1]
     if f == 'percall' then
       if now_ms - (tonumber(v) or 0) <= 1000 then
         cont[#cont + 1] = {f, limit}
-        waits = true
+        nwait, percall = nwait + 1, true
       end
-    elseif f ~= id then
+    elseif f ~= id and f ~= 'split' then
       local w, h, at = string.match(v, '^(%d+) (%d+) (%d+)$')
       w, h, at = tonumber(w), tonumber(h), tonumber(at)
       if at and now_ms - at <= 1000 then
         if w > 0 then
           cont[#cont + 1] = {f, w}
-          if w > h then waits = true end
+          if w > h then nwait = nwait + 1 end
         end
       elseif (not at or now_ms - at > 600000) and dead < 8 then
         dead = dead + 1
@@ -61,23 +77,56 @@ local function pool_share(wants, pools, id, want, limit, now_ms)
       end
     end
   end
-  if want == 0 then return 0, waits end
   table.sort(cont, function(a, b)
     if a[2] ~= b[2] then return a[2] < b[2] end
-    return a[1] < b[1]
+    return before(a[1], b[1])
   end)
   local left, n, i = limit, #cont, 1
   while i <= #cont and cont[i][2] <= math.floor(left / n) do
-    if cont[i][1] == id then return want, waits end
     left, n, i = left - cont[i][2], n - 1, i + 1
   end
-  local level = math.floor(left / n)
-  local rank = 0
-  for j = i, #cont do
-    if cont[j][1] < id then rank = rank + 1 end
+  local level, rem, edge = limit, 0, ''
+  if n > 0 then
+    level = math.floor(left / n)
+    rem = left - level * n
+    if rem > 0 then
+      local ids = {}
+      for j = i, #cont do ids[#ids + 1] = cont[j][1] end
+      table.sort(ids, before)
+      edge = ids[rem]
+    end
   end
-  if rank < left - level * n then return level + 1, waits end
-  return level, waits
+  return {level, rem, edge, nwait, percall}
+end
+
+-- A pool's share in a split: its want when at or below the level, else the
+-- level, plus one when its id is at or before the edge.
+local function pool_share(split, id, want)
+  if want <= split[1] then return want end
+  if split[2] > 0 and not before(split[3], id) then return split[1] + 1 end
+  return split[1]
+end
+
+-- The split is cached in the wants hash (field 'split': '<at ms> <limit>
+-- <level> <remainder> <waiting> <per-call 0|1> <edge>') so that a refresh
+-- costs one HMGET, not a pass over every process's entry. The cache serves
+-- for 250 ms at most, and not at all when the limit or the liveness of
+-- per-call demand changed since, or when the calling pool's own entry is
+-- not the one it was computed with in what matters: live, wanting, waiting,
+-- at or below the level. A pool whose entry changes in those ways deletes
+-- the cache after writing its entry, so that the next refresh of every pool
+-- sees it (a pool that starts waiting is seen by the holders at their next
+-- refresh). A want that moves within the same side of the level only moves
+-- the others' shares a little, for at most 250 ms; grants never exceed the
+-- free slots whatever the share says.
+local function split_cached(cached, limit, percall, now_ms)
+  if not cached then return nil end
+  local at, lim, level, rem, nwait, pc, edge = string.match(cached,
+    '^(%d+) (%d+) (%d+) (%d+) (%d+) ([01]) ?(.*)$')
+  if not at or now_ms - tonumber(at) > 250 or tonumber(lim) ~= limit or (pc == '1') ~= percall then
+    return nil
+  end
+  return {tonumber(level), tonumber(rem), edge, tonumber(nwait), percall}
 end
 
 -- Grants up to n new members '<pool id>:<k>', k counting up from the pool's
@@ -147,9 +196,12 @@ local now = now_us()
 local now_ms = math.floor(now / 1000)
 local id = ARGV[1]
 
-local st = redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
-  'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
-  'stale_after_ms')
+local function read_state()
+  return redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
+    'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
+    'stale_after_ms')
+end
+local st = read_state()
 if not st[1] then return {5} end
 if st[1] ~= '4' then return {6, tonumber(st[1]) or -1} end
 
@@ -235,7 +287,12 @@ for i = 1, #names do
 end
 if fresh then keep_stats(KEYS[4], sec) end
 
--- TRIP: the fleet-wide breaker trip runs here, once the report is counted.
+-- TRIP: the fleet-wide breaker trip runs here, once the report is counted,
+-- when it holds failures or timeouts (failed). A trip sets tripped, and this
+-- refresh then answers the Open it wrote: no slots, drop them all.
+local failed = (tonumber(ARGV[11]) or 0) + (tonumber(ARGV[12]) or 0) > 0
+local tripped = false
+if tripped then st = read_state() end
 
 local state = st[2]
 local limit = math.floor(tonumber(st[3]) or 0)
@@ -251,8 +308,29 @@ local tokens, first, interval, spread = 0, 0, 0, 0
 if state == 'Closed' or state == 'Ramping' then
   local live = redis.call('ZCOUNT', KEYS[2], '(' .. int(now_ms), '+inf')
   local free = limit - live
-  local waits
-  share, waits = pool_share(KEYS[6], KEYS[5], id, want, limit, now_ms)
+  -- The pool's entry as the split last saw it, and the split.
+  local w = redis.call('HMGET', KEYS[6], 'split', id, 'percall')
+  local ow, oh, oat = string.match(w[2] or '', '^(%d+) (%d+) (%d+)$')
+  ow, oh = tonumber(ow) or 0, tonumber(oh) or 0
+  local old_live = oat and now_ms - tonumber(oat) <= 1000
+  local percall = now_ms - (tonumber(w[3]) or 0) <= 1000
+  local split = split_cached(w[1], limit, percall, now_ms)
+  -- The split counted this pool as waiting as its entry said (a pool whose
+  -- waiting flipped since deleted the split, below).
+  local was_waiting = old_live and ow > oh
+  if split and not (old_live and (ow > 0) == (want > 0) and (ow <= split[1]) == (want <= split[1])) then
+    split = nil
+  end
+  if not split then
+    if not old_live then was_waiting = want > kept end
+    split = pool_split(KEYS[6], KEYS[5], id, want, was_waiting, limit, now_ms)
+    redis.call('HSET', KEYS[6], 'split', int(now_ms) .. ' ' .. int(limit) .. ' ' .. int(split[1]) .. ' ' ..
+      int(split[2]) .. ' ' .. int(split[4]) .. ' ' .. (split[5] and '1' or '0') .. ' ' .. split[3])
+  end
+  share = pool_share(split, id, want)
+  -- Another contender waits: the waiting ones less this pool, as the split
+  -- counted it.
+  local waits = split[4] - (was_waiting and 1 or 0) > 0
   -- With another contender waiting the pool holds at most its share and
   -- gives back the idle slots above it; alone, it may take every free slot
   -- it can use, and gives back only what a lowered limit took away.
@@ -267,7 +345,11 @@ if state == 'Closed' or state == 'Ramping' then
   if n > 0 then
     granted = pool_grant(KEYS[2], KEYS[5], id, rec[3], n, now_ms + ttl, live == 0)
   end
-  pool_want(KEYS[6], id, want, kept + #granted, now_ms)
+  local held = kept + #granted
+  pool_want(KEYS[6], id, want, held, now_ms)
+  -- When this pool started or stopped waiting, the others must see it at
+  -- their next refresh: the split counted it as before.
+  if (want > held) ~= was_waiting then redis.call('HDEL', KEYS[6], 'split') end
   tokens, first, interval, spread = pool_tokens(KEYS[3], st[5], st[6], ARGV[6], ARGV[7], now)
 else
   -- Open, HalfOpen and the dead-man rule's Stale grant no pool slots: the
