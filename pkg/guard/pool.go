@@ -343,7 +343,13 @@ func (p *pool) serveLocked(now time.Time) {
 		p.waiting-- // handed over: it leaves the queue
 		w.gone = true
 		w.slot = s
-		w.ready <- struct{}{}
+		// ready holds one wake-up at most: a refresh's may already be in
+		// it, and the call finds its slot either way. A blocking send here
+		// would wait, holding the pool's lock, for a call that needs it.
+		select {
+		case w.ready <- struct{}{}:
+		default:
+		}
 	}
 	if p.waiting == 0 {
 		p.waiters = p.waiters[:0]
