@@ -13,6 +13,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/guard"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/retry"
 	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
@@ -432,5 +433,58 @@ func TestBatchRefusalReasons(t *testing.T) {
 			refusal = gd.Do(t.Context(), guard.Job{}, ok)
 		}
 		wantDecision(t, refusal, guard.ActionDefer, guard.ErrRateLimited)
+	})
+}
+
+// Failing calls from two processes at once: the retries granted stay
+// within the fleet's budget (a retry is granted while granted < max(MinRetries,
+// Ratio × calls)), in both modes
+// (batch mode takes grants in batches; a grant it took and did not hand out
+// only makes the budget stricter), and most of the budget is used.
+func TestBatchRetryBudgetWithinBudget(t *testing.T) {
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		p := defaultPublished(20)
+		p.Budget = retry.Budget{Ratio: 0.1, MinRetries: 5, Window: time.Minute}
+		publish(t, rdb, p)
+		boom := errors.New("503")
+		var retries atomic.Int64
+		var wg sync.WaitGroup
+		end := time.Now().Add(400 * time.Millisecond)
+		var guards []*guard.Guard
+		for range 2 {
+			gd := newGuard(t, rdb, guard.Options{WaitForSlot: true, Batch: batch})
+			guards = append(guards, gd)
+			for w := range 8 {
+				wg.Go(func() {
+					for i := w; time.Now().Before(end); i++ {
+						err := gd.Do(t.Context(), guard.Job{Attempt: 1 + i%2}, func(context.Context) error {
+							time.Sleep(200 * time.Microsecond)
+							if i%3 == 0 {
+								return boom
+							}
+							return nil
+						})
+						if a, _, _ := guard.Decide(err); err != nil && a == guard.ActionRetry {
+							retries.Add(1)
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		for _, gd := range guards {
+			gd.Close()
+		}
+		w := window(t, rdb)
+		bound := max(float64(p.Budget.MinRetries), p.Budget.Ratio*float64(w.Calls))
+		t.Logf("%d calls, %d failures; %d retries handed out, %d granted in Redis, %d refused; budget %.0f",
+			w.Calls, w.Failures, retries.Load(), w.RetriesGranted, w.BudgetRefused, bound)
+		// Each grant needs granted < bound before it: after the last one,
+		// granted < bound + 1.
+		g.Expect(float64(w.RetriesGranted)).To(BeNumerically("<", bound+1), "over the budget")
+		g.Expect(retries.Load()).To(BeNumerically("<=", w.RetriesGranted), "retries handed out that Redis never granted")
+		g.Expect(float64(retries.Load())).To(BeNumerically(">=", bound/2), "most of the budget unused")
 	})
 }
