@@ -216,6 +216,10 @@ func (p *pool) admit(ctx context.Context, job Job, bounded bool) (permit *Permit
 			switch {
 			case refreshed == 0 && (asked || mode == modeUnknown):
 				refreshed = p.started + 1
+			case refreshed == 0 && p.started > p.completed:
+				// A refresh under way may bring the slot (it asked for
+				// the calls it knew of, this one's peers).
+				refreshed = p.started
 			case refreshed == 0 || p.completed >= refreshed:
 				p.leaveLocked(w)
 				cause := p.lastErr
