@@ -419,7 +419,8 @@ func TestBatchRefusalReasons(t *testing.T) {
 		p.RatePerSecond = 200 // burst 20
 		publish(t, rdb, p)
 		gd := newGuard(t, rdb, guard.Options{Batch: batch})
-		held, err := gd.Acquire(t.Context(), guard.Job{})
+		// Another process holds the only slot.
+		held, err := newGuard(t, rdb, guard.Options{WaitForSlot: true}).Acquire(t.Context(), guard.Job{})
 		g.Expect(err).NotTo(HaveOccurred())
 		for range 40 {
 			wantDecision(t, gd.Do(t.Context(), guard.Job{}, ok), guard.ActionDefer, guard.ErrThrottled)
