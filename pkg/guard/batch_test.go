@@ -429,6 +429,7 @@ func TestBatchRefusalReasons(t *testing.T) {
 
 		p.Limit, p.Capacity = 50, 50
 		publish(t, rdb, p)
+		time.Sleep(100 * time.Millisecond) // the change reaches a batching process
 		var refusal error
 		for i := 0; i < 100 && refusal == nil; i++ {
 			refusal = gd.Do(t.Context(), guard.Job{}, ok)
