@@ -490,3 +490,70 @@ func TestBatchRetryBudgetWithinBudget(t *testing.T) {
 		g.Expect(float64(retries.Load())).To(BeNumerically(">=", bound/2), "most of the budget unused")
 	})
 }
+
+// A pool refresh that Redis ran but whose reply was lost is sent again under
+// the same request id, and pool.lua answers it with the first run's reply:
+// the slots it granted are not held by nobody for a lease TTL, and the
+// outcomes it reported count once. Five failing calls, with the replies of
+// three refreshes lost, add exactly five failures; after Close no slot is
+// held.
+func TestBatchRefreshWhoseReplyWasLostCountsOnce(t *testing.T) {
+	g := NewWithT(t)
+	srv := redistest.Start(t)
+	direct := fastClient(srv)
+	publish(t, direct, defaultPublished(2))
+	batch := guard.Options{Batch: guard.BatchOptions{Enabled: true}}
+	loader := newGuard(t, direct, batch)
+	g.Expect(loader.Do(t.Context(), guard.Job{}, ok)).To(Succeed(), "loading the scripts")
+	loader.Close()
+	before := window(t, direct)
+
+	proxy := newLostReplies(t, srv.Addr())
+	gd := newGuard(t, readmeClient(t, proxy.addr()), batch)
+	proxy.lose(t, "pool", 3)
+	failing := errors.New("dependency failed")
+	for range 5 {
+		err := gd.Do(t.Context(), guard.Job{Attempt: 1}, func(context.Context) error { return failing })
+		g.Expect(errors.Is(err, failing)).To(BeTrue(), "Do = %v, want the call's failure", err)
+		time.Sleep(30 * time.Millisecond) // a refresh or so apart
+	}
+	gd.Close()
+	t.Logf("%d pool replies lost", proxy.lost.Load())
+	g.Expect(proxy.lost.Load()).To(BeNumerically(">=", 1), "the proxy lost no pool reply")
+	after := window(t, direct)
+	g.Expect(after.Failures-before.Failures).To(Equal(int64(5)), "failures added by five calls")
+	g.Expect(after.Calls-before.Calls).To(Equal(int64(5)), "calls added by five calls")
+	g.Expect(after.ByAttempt[0]-before.ByAttempt[0]).To(Equal(int64(5)), "first attempts added by five calls")
+	g.Expect(liveLeases(t, direct, gd)).To(BeZero(), "a slot granted in a lost reply is held by nobody")
+}
+
+// Redis restarted empty under a running call: the call's slot is gone (the
+// fleet no longer counts it), so the call is cancelled with ErrLeaseLost,
+// in both modes (per call when its renewal finds the lease gone, batching
+// when the pool's refresh reports its member lost); once the policy is
+// published again, calls flow, and no slot is held by nobody.
+func TestRedisRestartedEmptyLosesTheRunningCallsSlots(t *testing.T) {
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		srv := redistest.Start(t)
+		rdb := fastClient(srv)
+		publish(t, rdb, defaultPublished(2))
+		gd := newGuard(t, rdb, guard.Options{LeaseTTL: 300 * time.Millisecond, Batch: batch})
+		p, err := gd.Acquire(t.Context(), guard.Job{})
+		g.Expect(err).NotTo(HaveOccurred())
+
+		g.Expect(srv.Restart()).To(Succeed())
+		restarted := time.Now()
+		publish(t, rdb, defaultPublished(2))
+		g.Eventually(p.Context().Done()).Within(time.Second).Should(BeClosed(), "the call runs on a slot the fleet no longer counts")
+		t.Logf("call cancelled %v after the restart", time.Since(restarted).Round(time.Millisecond))
+		g.Expect(context.Cause(p.Context())).To(MatchError(guard.ErrLeaseLost))
+		wantDecision(t, p.Done(context.Cause(p.Context())), guard.ActionDefer, guard.ErrLeaseLost)
+
+		g.Eventually(func() error { return gd.Do(t.Context(), guard.Job{}, ok) }).
+			WithTimeout(time.Second).WithPolling(10 * time.Millisecond).Should(Succeed())
+		gd.Close()
+		g.Expect(liveLeases(t, rdb, gd)).To(BeZero())
+		g.Expect(window(t, rdb).Calls).To(Equal(int64(1)), "the lost call is not counted")
+	})
+}
