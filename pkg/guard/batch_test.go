@@ -9,6 +9,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/guard"
@@ -556,4 +557,38 @@ func TestRedisRestartedEmptyLosesTheRunningCallsSlots(t *testing.T) {
 		g.Expect(liveLeases(t, rdb, gd)).To(BeZero())
 		g.Expect(window(t, rdb).Calls).To(Equal(int64(1)), "the lost call is not counted")
 	})
+}
+
+// The batch gauges say what an SRE needs to know of a process: whether its
+// calls take local slots (batch_local 1) and how many slots it holds. Open
+// sends its calls per call and empties its pool.
+func TestBatchGauges(t *testing.T) {
+	g := NewWithT(t)
+	rdb := fastClient(redistest.Start(t))
+	publish(t, rdb, defaultPublished(5))
+	reg := prometheus.NewRegistry()
+	gd := newGuard(t, rdb, guard.Options{Registerer: reg, Batch: guard.BatchOptions{Enabled: true}})
+	local := func() float64 { return gauge(t, reg, "spillway_worker_batch_local") }
+	slots := func() float64 { return gauge(t, reg, "spillway_worker_batch_slots") }
+
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			if err := gd.Do(t.Context(), guard.Job{}, func(context.Context) error { time.Sleep(20 * time.Millisecond); return nil }); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	g.Expect(local()).To(Equal(1.0), "calls take local slots")
+	g.Expect(slots()).To(BeNumerically(">=", 1), "the pool holds slots")
+
+	open := defaultPublished(0)
+	open.State, open.OpenUntil = wire.Open, time.Now().Add(time.Minute)
+	publish(t, rdb, open)
+	// Open reaches the process within a round trip of the publish.
+	g.Eventually(func() error { return gd.Do(t.Context(), guard.Job{}, ok) }).WithTimeout(100 * time.Millisecond).
+		WithPolling(time.Millisecond).Should(MatchError(guard.ErrOpen))
+	g.Eventually(local).WithTimeout(time.Second).Should(Equal(0.0), "Open: calls no longer take local slots")
+	g.Eventually(slots).WithTimeout(time.Second).Should(Equal(0.0), "Open: the pool gave its slots back")
 }
