@@ -232,8 +232,8 @@ func TestBatchIdleSlotsGoBackWithin100msOfAWaiter(t *testing.T) {
 // A batching process running at the limit with calls waiting: a lower
 // limit or Open published by the controller stops calls from starting over
 // the new limit within 100 ms of the publish with the change announcements
-// (pub/sub), and within the refresh interval (plus a round trip) without
-// them; the slots given back reach Redis as their calls end.
+// (pub/sub), and within the refresh interval (plus a round trip; two
+// intervals here) without them; the slots given back reach Redis as their calls end.
 func TestBatchShrinksOnAPublishedChange(t *testing.T) {
 	const refresh = 20 * time.Millisecond
 	lower := defaultPublished(4)
@@ -251,8 +251,11 @@ func TestBatchShrinksOnAPublishedChange(t *testing.T) {
 		// refresh, is seen to act (about 1 ms measured).
 		{"lower limit, pub/sub", lower, guard.BatchOptions{Enabled: true, Refresh: 50 * time.Millisecond}, 25 * time.Millisecond},
 		{"Open, pub/sub", open, guard.BatchOptions{Enabled: true, Refresh: 50 * time.Millisecond}, 25 * time.Millisecond},
-		{"lower limit, no pub/sub", lower, guard.BatchOptions{Enabled: true, Refresh: refresh, IgnoreChanges: true}, refresh + 20*time.Millisecond},
-		{"Open, no pub/sub", open, guard.BatchOptions{Enabled: true, Refresh: refresh, IgnoreChanges: true}, refresh + 20*time.Millisecond},
+		// Without pub/sub: the next refresh, a round trip after its tick
+		// (measured up to 28 ms; bounded at two intervals, for a busy
+		// machine).
+		{"lower limit, no pub/sub", lower, guard.BatchOptions{Enabled: true, Refresh: refresh, IgnoreChanges: true}, 2 * refresh},
+		{"Open, no pub/sub", open, guard.BatchOptions{Enabled: true, Refresh: refresh, IgnoreChanges: true}, 2 * refresh},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			g := NewWithT(t)
@@ -346,10 +349,10 @@ func TestBatchWindowEqualsPerCallReporting(t *testing.T) {
 		}
 		time.Sleep(300 * time.Millisecond)
 		before := ended.Load()
-		time.Sleep(80 * time.Millisecond) // two refreshes
+		time.Sleep(120 * time.Millisecond) // three refreshes: one, and room for a busy machine
 		w := window(t, rdb)
 		after := ended.Load()
-		g.Expect(w.Calls).To(BeNumerically(">=", before), "the window lags more than two refreshes")
+		g.Expect(w.Calls).To(BeNumerically(">=", before), "the window lags more than three refreshes")
 		g.Expect(w.Calls).To(BeNumerically("<=", after+12), "the window counts calls that never ran")
 		stop()
 		wg.Wait()
@@ -364,7 +367,7 @@ func TestBatchWindowEqualsPerCallReporting(t *testing.T) {
 				HaveField("Failures", failures.Load()),
 				HaveField("ByAttempt", want),
 			), "the window after the calls ended")
-		t.Logf("%d calls, %d failures; mid-run the window read %d with %d ended 80ms before and %d after", ended.Load(), failures.Load(), w.Calls, before, after)
+		t.Logf("%d calls, %d failures; mid-run the window read %d with %d ended 120ms before and %d after", ended.Load(), failures.Load(), w.Calls, before, after)
 	})
 }
 
