@@ -178,10 +178,10 @@ func (b *Breaker) SetConfig(cfg Config) {
 // Evaluate applies at most one transition, at clk.Now(), and reports it.
 //
 //   - Closed: window holds the calls counted since WindowStart; probes is
-//     ignored. The breaker opens when window.Calls >= MinCalls and
-//     float64(window.Failures) >= FailureRatio*float64(window.Calls). The
-//     comparison is exact float64 arithmetic with no epsilon: with ratio 0.5,
-//     5 failures in 10 calls open the breaker.
+//     ignored. The breaker opens when Config.Trips(window): window.Calls >=
+//     MinCalls and float64(window.Failures) >= FailureRatio*float64(window.Calls).
+//     The comparison is exact float64 arithmetic with no epsilon: with ratio
+//     0.5, 5 failures in 10 calls open the breaker.
 //   - Open: both counts are ignored. The breaker half-opens once
 //     now - Since >= OpenDuration.
 //   - HalfOpen: probes holds the probe calls made since the breaker entered
@@ -207,7 +207,7 @@ func (b *Breaker) Evaluate(window Counts, probes Counts) (Transition, bool) {
 func (b *Breaker) next(now time.Time, window, probes Counts) (wire.State, bool) {
 	switch b.state {
 	case wire.Closed:
-		return wire.Open, b.tripped(window)
+		return wire.Open, b.cfg.Trips(window)
 	case wire.Open:
 		return wire.HalfOpen, now.Sub(b.since) >= b.cfg.OpenDuration
 	case wire.HalfOpen:
@@ -222,10 +222,15 @@ func (b *Breaker) next(now time.Time, window, probes Counts) (wire.State, bool) 
 	return "", false
 }
 
-// tripped reports whether the window's failure ratio opens a Closed breaker.
-func (b *Breaker) tripped(window Counts) bool {
-	if window.Calls < max(b.cfg.MinCalls, 1) {
+// Trips reports whether a Closed breaker's window opens it: the window holds
+// at least MinCalls calls (at least one, whatever MinCalls says) and
+// float64(Failures) >= FailureRatio*float64(Calls), exact float64 arithmetic
+// with no epsilon. It is the one rule: the breaker's own Evaluate, the
+// workers' in-path trip (release.lua's trip, which a differential test holds
+// to this function) and the simulator's model of that trip all decide by it.
+func (c Config) Trips(window Counts) bool {
+	if window.Calls < max(c.MinCalls, 1) {
 		return false
 	}
-	return float64(window.Failures) >= b.cfg.FailureRatio*float64(window.Calls)
+	return float64(window.Failures) >= c.FailureRatio*float64(window.Calls)
 }
