@@ -14,7 +14,9 @@
 // The Breaker does not count calls itself. The caller counts calls and
 // failures from WindowStart onwards (and, while HalfOpen, the probe calls made
 // since the breaker entered HalfOpen, i.e. since Snapshot().Since), and hands
-// the counts to Evaluate, which performs at most one state transition.
+// the counts to Evaluate, which performs at most one state transition. A
+// Closed breaker whose window crossed the rule between evaluations (the
+// workers tripped it in the fleet's path) opens as of then with Tripped.
 //
 //	Closed   --(calls >= MinCalls and failures >= FailureRatio*calls)--> Open
 //	Open     --(OpenDuration elapsed since entering Open)-------------> HalfOpen
@@ -200,6 +202,29 @@ func (b *Breaker) Evaluate(window Counts, probes Counts) (Transition, bool) {
 	}
 	t := Transition{From: b.state, To: to, At: now}
 	b.state, b.since = to, now
+	return t, true
+}
+
+// Tripped opens a Closed breaker as of at: the instant its window crossed
+// Config.Trips, as the workers reported the failures (release.lua's in-path
+// trip), before anyone called Evaluate. The transition's At and the new
+// Since are at, clamped to [Since, now], so OpenDuration counts from the
+// trip. A breaker that is not Closed does not move: it returns the zero
+// Transition and false.
+func (b *Breaker) Tripped(at time.Time) (Transition, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state != wire.Closed {
+		return Transition{}, false
+	}
+	if now := b.clk.Now(); at.After(now) {
+		at = now
+	}
+	if at.Before(b.since) {
+		at = b.since
+	}
+	t := Transition{From: wire.Closed, To: wire.Open, At: at}
+	b.state, b.since = wire.Open, at
 	return t, true
 }
 

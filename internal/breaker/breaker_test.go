@@ -473,3 +473,54 @@ func TestConfigTrips(t *testing.T) {
 		}
 	}
 }
+
+// Tripped opens a Closed breaker as of the trip, so OpenDuration counts from
+// it; a time after now or before Since is clamped; any other state stays.
+func TestTripped(t *testing.T) {
+	tests := []struct {
+		name   string
+		state  wire.State
+		at     time.Duration // after t0; now is t0 + 10s
+		wantAt time.Duration
+		wantOK bool
+	}{
+		{name: "closed", state: wire.Closed, at: 7 * time.Second, wantAt: 7 * time.Second, wantOK: true},
+		{name: "closed, trip in the future", state: wire.Closed, at: time.Minute, wantAt: 10 * time.Second, wantOK: true},
+		{name: "closed, trip before since", state: wire.Closed, at: -time.Second, wantAt: 0, wantOK: true},
+		{name: "open", state: wire.Open, at: 7 * time.Second},
+		{name: "half-open", state: wire.HalfOpen, at: 7 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newClock()
+			b := Restore(testConfig(), clk, Snapshot{State: tt.state, Since: t0})
+			clk.Advance(10 * time.Second)
+			tr, ok := b.Tripped(t0.Add(tt.at))
+			if ok != tt.wantOK {
+				t.Fatalf("Tripped ok = %v, want %v", ok, tt.wantOK)
+			}
+			if !ok {
+				if got := b.Snapshot(); got != (Snapshot{State: tt.state, Since: t0}) {
+					t.Fatalf("a %s breaker moved: %+v", tt.state, got)
+				}
+				return
+			}
+			at := t0.Add(tt.wantAt)
+			if want := (Transition{From: wire.Closed, To: wire.Open, At: at}); tr != want {
+				t.Fatalf("Tripped = %+v, want %+v", tr, want)
+			}
+			if got := b.Snapshot(); got != (Snapshot{State: wire.Open, Since: at}) {
+				t.Fatalf("Snapshot = %+v, want Open since %v", got, at)
+			}
+			// OpenDuration (30s) counts from the trip.
+			clk.Advance(at.Add(30*time.Second).Sub(clk.Now()) - time.Millisecond)
+			if _, moved := b.Evaluate(Counts{}, Counts{}); moved {
+				t.Fatalf("half-opened before openDuration after the trip")
+			}
+			clk.Advance(time.Millisecond)
+			if tr, moved := b.Evaluate(Counts{}, Counts{}); !moved || tr.To != wire.HalfOpen {
+				t.Fatalf("Evaluate at the trip + openDuration = %+v, %v; want HalfOpen", tr, moved)
+			}
+		})
+	}
+}
