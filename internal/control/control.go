@@ -136,7 +136,9 @@ func Plan(in Input) Output {
 		// The trip is the breaker's transition, made at its own time: the
 		// breaker and the ramp move as they would have, had the controller
 		// opened the breaker then.
-		trippedAt = min(trippedAt, in.Now)
+		if trippedAt.After(in.Now) {
+			trippedAt = in.Now
+		}
 		b, r = restore(in.Params, prev, fixedClock(trippedAt))
 	}
 
