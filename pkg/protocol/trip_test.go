@@ -64,6 +64,11 @@ func TestReleaseTripsTheBreaker(t *testing.T) {
 		p := tripPolicy(wire.Ramping, 8, 0.5, 10, 30*time.Second, redisNow(t, rdb).Add(-time.Minute))
 		p.Epoch, p.StaleAfter = 4, 30*time.Second
 		published := mustPublish(t, c, p)
+		// The publication announces itself first (publish.lua); the trip's
+		// announcement follows in the same format.
+		if msg, err := sub.ReceiveMessage(ctx); err != nil || msg.Payload != "4 Ramping 8" {
+			t.Fatalf("the publication's announcement = %v, %v; want \"4 Ramping 8\"", msg, err)
+		}
 
 		releaseN(t, c, 9, protocol.Failure)
 		if got := mustRead(t, c); got.State != wire.Ramping || !got.TrippedAt.IsZero() {
@@ -95,8 +100,9 @@ func TestReleaseTripsTheBreaker(t *testing.T) {
 		if err != nil {
 			t.Fatalf("ReceiveMessage: %v", err)
 		}
-		if msg.Payload != "4 Open 0" {
-			t.Errorf("announced %q, want %q", msg.Payload, "4 Open 0")
+		change, err := protocol.ParseChange(msg.Payload)
+		if err != nil || change != (protocol.Change{Epoch: 4, State: wire.Open, Limit: 0}) {
+			t.Errorf("announced %q: ParseChange = %+v, %v; want epoch 4, Open, limit 0", msg.Payload, change, err)
 		}
 		if a := mustAcquire(t, c, time.Minute); a.Code != protocol.RefusedOpen {
 			t.Errorf("acquire after the trip = %v, want refused open", a.Code)

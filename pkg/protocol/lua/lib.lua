@@ -311,7 +311,8 @@ end
 -- tripped_at_ms = now and tripped_from = the state it replaced, extends
 -- stale_after_ms as the controller does for an Open it publishes (the
 -- dead-man bound then runs from open_until_ms), and announces
--- '<epoch> Open 0' on the changes channel. It keeps the epoch and seq: the
+-- '<epoch> Open 0' on the changes channel (announce_change, the format
+-- publish uses). It keeps the epoch and seq: the
 -- controller takes the trip over at its next evaluation and publishes the
 -- next epoch, and publish refuses a plan that did not see the trip
 -- (unacknowledged_trip). Returns true when it tripped.
@@ -343,7 +344,7 @@ local function trip(state, stats, now_s, now_ms)
     kv[#kv + 1] = int(now_ms - updated + stale_after + open_ms)
   end
   redis.call('HSET', state, unpack(kv))
-  redis.call('PUBLISH', changes_channel(state), (st[3] or '0') .. ' Open 0')
+  announce_change(state, st[3] or '0', 'Open', '0')
   return true
 end
 
