@@ -77,3 +77,32 @@ func tripMessage(p policy.Params, at, now time.Time, window breaker.Counts) stri
 	return fmt.Sprintf("The workers' failures reached failure ratio %.2f over at least %d calls and tripped the breaker in the fleet's path %v before this evaluation (%d of %d calls failed or timed out in the window): breaker opened, limit 0 for %v",
 		p.Breaker.FailureRatio, p.Breaker.MinCalls, now.Sub(at).Round(time.Millisecond), window.Failures, window.Calls, p.Breaker.OpenDuration)
 }
+
+// Trip is the in-path trip as the workers' scripts make it (lib.lua trip),
+// stated in Go for the simulator: when pub lets the workers trip (Trip.On,
+// Closed or Ramping) and window, the outcomes counted from Trip.Since as
+// window.lua counts them, crosses the breaker's rule (breaker.Config.Trips,
+// failures and timeouts over calls), the published state becomes Open at
+// now: limit 0, OpenUntil now + Trip.OpenDuration, the trip and the state it
+// replaced recorded, the dead-man bound extended as for an Open the
+// controller publishes; the epoch and the sequence are kept. It reports
+// whether it tripped; pub is returned unchanged when not.
+func Trip(pub protocol.Published, window protocol.Window, now time.Time) (protocol.Published, bool) {
+	if !pub.Trip.On || (pub.State != wire.Closed && pub.State != wire.Ramping) {
+		return pub, false
+	}
+	rule := breaker.Config{FailureRatio: pub.Trip.FailureRatio, MinCalls: pub.Trip.MinCalls}
+	if !rule.Trips(breaker.Counts{Calls: window.Calls, Failures: window.Failures + window.Timeouts}) {
+		return pub, false
+	}
+	// Redis keeps milliseconds.
+	now = now.Truncate(time.Millisecond)
+	tripped := pub
+	tripped.State, tripped.Limit = wire.Open, 0
+	tripped.OpenUntil = now.Add(pub.Trip.OpenDuration)
+	tripped.TrippedAt, tripped.TrippedFrom = now, pub.State
+	if pub.StaleAfter > 0 && !pub.UpdatedAt.IsZero() {
+		tripped.StaleAfter = now.Sub(pub.UpdatedAt) + pub.StaleAfter + pub.Trip.OpenDuration
+	}
+	return tripped, true
+}

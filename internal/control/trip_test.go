@@ -209,3 +209,62 @@ func checkTrip(t *testing.T, name string, e *evaluator, on bool) {
 		t.Errorf("%s: trip counts after %v, want the evaluator's window start %v", name, tr.Since, want)
 	}
 }
+
+// TestTrip: the in-path trip as the simulator makes it (control.Trip, the Go
+// statement of lib.lua trip): only with the rule on, only from Closed or
+// Ramping, only when the window crosses breaker.Config.Trips (timeouts count
+// as failures); it writes what release.lua writes (tripAt) at the
+// millisecond, and extends the dead-man bound by the time since the
+// publication plus openDuration.
+func TestTrip(t *testing.T) {
+	e := newEvaluator()
+	runSteps(t, e, []step{{name: "closed", state: wire.Closed, limit: 40, epoch: 1}})
+	closed := e.pub
+	closed.UpdatedAt = e.now
+	at := e.now.Add(1500*time.Millisecond + 300*time.Microsecond)
+	ramping := closed
+	ramping.State = wire.Ramping
+	off := closed
+	off.Trip.On = false
+	half := closed
+	half.State = wire.HalfOpen
+	stale := closed
+	stale.StaleAfter = 30 * time.Second
+
+	tests := []struct {
+		name   string
+		pub    protocol.Published
+		window protocol.Window
+		trips  bool
+	}{
+		{"closed, crossing", closed, failing, true},
+		{"ramping, crossing", ramping, failing, true},
+		{"timeouts count as failures", closed, protocol.Window{Calls: 20, Successes: 10, Failures: 4, Timeouts: 6}, true},
+		{"at the ratio, below minCalls", closed, protocol.Window{Calls: 19, Failures: 19}, false},
+		{"minCalls, just below the ratio", closed, protocol.Window{Calls: 21, Successes: 11, Failures: 10}, false},
+		{"rule off", off, failing, false},
+		{"half-open", half, failing, false},
+		{"dead-man bound extended", stale, failing, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := Trip(tt.pub, tt.window, at)
+			if ok != tt.trips {
+				t.Fatalf("tripped %v, want %v", ok, tt.trips)
+			}
+			if !ok {
+				if got != tt.pub {
+					t.Errorf("no trip changed the state: %+v", got)
+				}
+				return
+			}
+			want := tripAt(tt.pub, at.Truncate(time.Millisecond))
+			if tt.pub.StaleAfter > 0 {
+				want.StaleAfter = 1500*time.Millisecond + tt.pub.StaleAfter + tt.pub.Trip.OpenDuration
+			}
+			if got != want {
+				t.Errorf("tripped\n%+v\nwant\n%+v", got, want)
+			}
+		})
+	}
+}
