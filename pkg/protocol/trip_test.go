@@ -271,11 +271,67 @@ var tripRatios = []float64{0.07, 0.1, 0.2, 0.29, 0.3, 0.33, 0.5, 0.57, 0.6, 0.7,
 // the counters of both seconds from Redis.
 func TestTripDifferential(t *testing.T) {
 	t.Parallel()
+	tripDifferential(t, 23, 5000, func(t *testing.T, c *protocol.Client, rng *rand.Rand, pf float64) [3]int64 {
+		var n [3]int64
+		o := protocol.Success
+		switch r := rng.Float64(); {
+		case r < 0.05:
+			o = protocol.Cancelled
+		case r < 0.05+pf*0.95*0.7:
+			o, n[1] = protocol.Failure, 1
+		case r < 0.05+pf*0.95:
+			o, n[2] = protocol.Timeout, 1
+		default:
+			n[0] = 1
+		}
+		if _, err := c.Release(ctxT(t), "", 0, o, 1); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		return n
+	})
+}
+
+// TestTripDifferentialPool is TestTripDifferential with the outcomes
+// reported aggregated, as batch mode reports them (pool.lua): each refresh
+// reports up to 6 successes, failures and timeouts at once, and the script
+// decides once per report that holds a failure or a timeout, as
+// breaker.Config.Trips decides over the window with the whole report
+// counted.
+func TestTripDifferentialPool(t *testing.T) {
+	t.Parallel()
+	var req int
+	tripDifferential(t, 24, 2000, func(t *testing.T, c *protocol.Client, rng *rand.Rand, pf float64) [3]int64 {
+		var r protocol.Report
+		for range 1 + rng.IntN(6) {
+			switch x := rng.Float64(); {
+			case x < pf*0.7:
+				r.Add(protocol.Failure, 1, -1)
+			case x < pf:
+				r.Add(protocol.Timeout, 1, -1)
+			default:
+				r.Add(protocol.Success, 1, -1)
+			}
+		}
+		req++
+		if _, err := c.Pool(ctxT(t), protocol.PoolArgs{PoolID: "p", RequestID: strconv.Itoa(req), TTL: time.Minute, Report: r}); err != nil {
+			t.Fatalf("Pool: %v", err)
+		}
+		return [3]int64{r.Successes, r.Failures, r.Timeouts}
+	})
+}
+
+// tripDifferential runs trials of up to 150 steps until it has compared
+// decisions decisions. A step is report's: it reports outcomes for a fresh
+// dependency's client, pf being the trial's failure share, and returns the
+// successes, failures and timeouts it reported; after a step that reported
+// none of the last two the script must not have tripped, after the others it
+// must have tripped exactly when breaker.Config.Trips says so.
+func tripDifferential(t *testing.T, seed uint64, want int, report func(t *testing.T, c *protocol.Client, rng *rand.Rand, pf float64) [3]int64) {
 	_, rdb := sharedStandalone(t)
 	ctx := ctxT(t)
-	rng := rand.New(rand.NewPCG(23, 2))
+	rng := rand.New(rand.NewPCG(seed, 2))
 	var decisions, trips, skipped int
-	for trial := 0; decisions < 5000; trial++ {
+	for trial := 0; decisions < want; trial++ {
 		c := newClient(t, rdb)
 		k := c.Keys()
 		ratio := tripRatios[rng.IntN(len(tripRatios))]
@@ -298,10 +354,10 @@ func TestTripDifferential(t *testing.T) {
 		// bounds of the window.
 		var hist []any
 		for s := nowS - m.length - 3; s < nowS; s++ {
-			for i, o := range []protocol.Outcome{protocol.Success, protocol.Failure, protocol.Timeout} {
+			for _, o := range []protocol.Outcome{protocol.Success, protocol.Failure, protocol.Timeout} {
 				if n := rng.Int64N(4); n > 0 && rng.IntN(2) == 0 {
 					hist = append(hist, fmt.Sprintf("%d:%s", s, o), n)
-					m.add(s, []protocol.Outcome{protocol.Success, protocol.Failure, protocol.Timeout}[i], n)
+					m.add(s, o, n)
 				}
 			}
 		}
@@ -316,20 +372,7 @@ func TestTripDifferential(t *testing.T) {
 		pf := min(max(ratio+rng.Float64()*0.3-0.15, 0.02), 1)
 		beforeS := redisNow(t, rdb).Unix()
 		for step := 0; step < 150; step++ {
-			var o protocol.Outcome
-			switch r := rng.Float64(); {
-			case r < 0.05:
-				o = protocol.Cancelled
-			case r < 0.05+pf*0.95*0.7:
-				o = protocol.Failure
-			case r < 0.05+pf*0.95:
-				o = protocol.Timeout
-			default:
-				o = protocol.Success
-			}
-			if _, err := c.Release(ctx, "", 0, o, 1); err != nil {
-				t.Fatalf("Release: %v", err)
-			}
+			n := report(t, c, rng, pf)
 			var st *redis.SliceCmd
 			var tm *redis.TimeCmd
 			if _, err := rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
@@ -341,20 +384,27 @@ func TestTripDifferential(t *testing.T) {
 			}
 			afterS := tm.Val().Unix()
 			tripped := st.Val()[0] == string(wire.Open)
-			if o == protocol.Cancelled || o == protocol.Success {
-				m.add(afterS, o, 1) // a success's second matters only for later windows; fixed below when ambiguous
+			add := func() {
+				for i, o := range []protocol.Outcome{protocol.Success, protocol.Failure, protocol.Timeout} {
+					if n[i] > 0 {
+						m.add(afterS, o, n[i])
+					}
+				}
+			}
+			if n[1]+n[2] == 0 {
+				add() // a success's second matters only for later windows; fixed below when ambiguous
 				if afterS != beforeS {
 					m.fromRedis(t, rdb, k.Stats, beforeS, afterS)
 				}
 				if tripped {
-					t.Fatalf("trial %d step %d: tripped on outcome %s; the rule is checked at failures and timeouts only", trial, step, o)
+					t.Fatalf("trial %d step %d: tripped on %d successes; the rule is checked at failures and timeouts only", trial, step, n[0])
 				}
 				beforeS = afterS
 				continue
 			}
 			var want bool
 			if afterS == beforeS {
-				m.add(afterS, o, 1)
+				add()
 				want = m.trips(afterS)
 			} else {
 				m.fromRedis(t, rdb, k.Stats, beforeS, afterS)
@@ -371,8 +421,8 @@ func TestTripDifferential(t *testing.T) {
 			}
 			decisions++
 			if tripped != want {
-				t.Fatalf("trial %d step %d (ratio %v, minCalls %d, window %d s, since second %d, now second %d): script tripped %v, breaker.Config.Trips %v",
-					trial, step, ratio, m.cfg.MinCalls, m.length, m.since, afterS, tripped, want)
+				t.Fatalf("trial %d step %d (ratio %v, minCalls %d, window %d s, since second %d, now second %d, reported %v): script tripped %v, breaker.Config.Trips %v",
+					trial, step, ratio, m.cfg.MinCalls, m.length, m.since, afterS, n, tripped, want)
 			}
 			beforeS = afterS
 			if tripped {
@@ -382,7 +432,7 @@ func TestTripDifferential(t *testing.T) {
 		}
 	}
 	t.Logf("%d decisions (%d trips), %d steps at a second boundary not compared", decisions, trips, skipped)
-	if trips < 20 || decisions-trips < 1000 {
+	if trips < 20 || decisions-trips < want/5 {
 		t.Errorf("%d trips in %d decisions: the trials do not cover both decisions", trips, decisions)
 	}
 }
@@ -470,5 +520,40 @@ func TestNoTripOnNoise(t *testing.T) {
 	}
 	if w.Failures != 999 || w.Calls != 2000 {
 		t.Errorf("window %d failures of %d calls, want 999 of 2000", w.Failures, w.Calls)
+	}
+}
+
+// TestPoolTripAnswersOpen: a batch-mode refresh whose aggregated report
+// crosses the rule trips the breaker (pool.lua, lib.lua trip) and answers
+// the Open it wrote in the same round trip: the pool holds nothing more and
+// is told to drop what it holds.
+func TestPoolTripAnswersOpen(t *testing.T) {
+	t.Parallel()
+	_, rdb := sharedStandalone(t)
+	c := newClient(t, rdb)
+	mustPublish(t, c, tripPolicy(wire.Closed, 8, 0.5, 10, 30*time.Second, redisNow(t, rdb).Add(-time.Minute)))
+	first, err := c.Pool(ctxT(t), protocol.PoolArgs{PoolID: "p", RequestID: "1", TTL: time.Minute, Want: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.State != wire.Closed || len(first.Granted) == 0 {
+		t.Fatalf("first refresh: %s, %d granted; want Closed with slots", first.State, len(first.Granted))
+	}
+	var r protocol.Report
+	for range 6 {
+		r.Add(protocol.Failure, 1, -1)
+	}
+	for range 4 {
+		r.Add(protocol.Success, 1, -1)
+	}
+	got, err := c.Pool(ctxT(t), protocol.PoolArgs{PoolID: "p", RequestID: "2", TTL: time.Minute, Want: 4, Held: first.Granted, Report: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != wire.Open || got.Limit != 0 || got.Share != 0 || len(got.Granted) != 0 {
+		t.Errorf("the refresh that tripped answered %s, limit %d, share %d, %d granted; want Open, 0, 0, none", got.State, got.Limit, got.Share, len(got.Granted))
+	}
+	if p := mustRead(t, c); p.State != wire.Open || p.TrippedFrom != wire.Closed || p.TrippedAt.IsZero() {
+		t.Errorf("stored %s, tripped from %q at %v; want Open, from Closed", p.State, p.TrippedFrom, p.TrippedAt)
 	}
 }
