@@ -51,7 +51,7 @@ func TestEvaluatorDecidesByRedisTime(t *testing.T) {
 			g.Eventually(func(g Gomega) time.Time {
 				open = w.published(g)
 				return open.Trip.Acknowledged
-			}).WithTimeout(5*time.Second).WithPolling(5*time.Millisecond).ShouldNot(BeZero())
+			}).WithTimeout(5 * time.Second).WithPolling(5 * time.Millisecond).ShouldNot(BeZero())
 			g.Expect(open.State).To(Equal(wire.Open))
 			g.Expect(open.Trip.Acknowledged).To(Equal(open.TrippedAt))
 			g.Expect(open.OpenUntil).To(Equal(open.TrippedAt.Add(spec.Breaker.OpenDuration.Duration)), "openDuration counts from the trip, in Redis time")
