@@ -63,10 +63,11 @@ const fqDefaultRule = "0.05,1s"
 // fqRates are the fleet's call rates, calls/s.
 var fqRates = []int{1000, 10000}
 
-// fqModeOptions are the guard's options in each mode the benchmark knows.
-// Batch mode (guard.Options.Batch) is one more entry.
+// fqModeOptions are the guard's options in each mode the benchmark knows: a
+// mode is one more entry.
 var fqModeOptions = map[string]func() guard.Options{
 	"percall": func() guard.Options { return guard.Options{} },
+	"batch":   func() guard.Options { return guard.Options{Batch: guard.BatchOptions{Enabled: true}} },
 }
 
 // errDown is the dependency's answer once it has fallen over.
@@ -149,7 +150,7 @@ func fqModes(b *testing.B) []string {
 			case m == "bare":
 				b.Logf("Mode bare has no guard to trip: skipped")
 			case fqModeOptions[m] == nil:
-				b.Fatalf("%s: unknown mode %q (known: percall)", fqModesEnv, m)
+				b.Fatalf("%s: unknown mode %q (known: percall, batch)", fqModesEnv, m)
 			default:
 				modes = append(modes, m)
 			}
