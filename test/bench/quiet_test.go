@@ -12,11 +12,13 @@ package bench
 // acquisition after that is refused. Helpers are prefixed fq.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,6 +50,9 @@ const (
 	// fqRuleEnv is the breaker's rule, "<failureRatio>,<window>", e.g.
 	// "0.5,30s"; default fqDefaultRule.
 	fqRuleEnv = "SPILLWAY_BENCH_TRIP_RULE"
+	// fqRatesEnv selects the call rates, comma separated calls/s; default
+	// fqRates.
+	fqRatesEnv = "SPILLWAY_BENCH_RATES"
 	// fqProcs is the number of guards, each with its own Redis client.
 	fqProcs = 4
 	// fqMinCalls is the breaker's minCalls.
@@ -84,6 +89,8 @@ type fqTrial struct {
 	// attempted before the dependency fell over.
 	failing int64
 	rate    float64
+	// phase is how far into its second the first failure fell.
+	phase time.Duration
 }
 
 func BenchmarkFailureToQuiet(b *testing.B) {
@@ -97,6 +104,17 @@ func BenchmarkFailureToQuiet(b *testing.B) {
 		trials = n
 	}
 	params := fqParams(b)
+	rates := fqRates
+	if v := os.Getenv(fqRatesEnv); v != "" {
+		rates = nil
+		for _, f := range strings.Split(v, ",") {
+			r, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || r < 1 {
+				b.Fatalf("%s=%q: want calls/s, comma separated", fqRatesEnv, v)
+			}
+			rates = append(rates, r)
+		}
+	}
 	srv := redistest.Start(b)
 	clients := make([]*redis.Client, fqProcs)
 	for i := range clients {
@@ -107,15 +125,17 @@ func BenchmarkFailureToQuiet(b *testing.B) {
 	}
 	admin := srv.Client()
 	for _, mode := range modes {
-		for _, rate := range fqRates {
+		for _, rate := range rates {
 			b.Run(fmt.Sprintf("%s/%d", mode, rate), func(b *testing.B) {
 				var quiet, trip, after []time.Duration
+				var all []fqTrial
 				var failing int64
 				var attempted float64
 				for i := range trials {
 					tr := fqRun(b, admin, clients, params, fqModeOptions[mode](), fmt.Sprintf("bench/quiet-%s-%d-%d", mode, rate, i), rate)
 					quiet, trip, after = append(quiet, tr.quiet), append(trip, tr.trip), append(after, tr.quiet-tr.trip)
 					failing += tr.failing
+					all = append(all, tr)
 					attempted += tr.rate
 				}
 				q50, q99, qmax := measureQuantiles(quiet)
@@ -131,6 +151,11 @@ func BenchmarkFailureToQuiet(b *testing.B) {
 					q50.Round(100*time.Microsecond), q99.Round(100*time.Microsecond), qmax.Round(100*time.Microsecond),
 					t50.Round(100*time.Microsecond), t99.Round(100*time.Microsecond), a50.Round(100*time.Microsecond), a99.Round(100*time.Microsecond),
 					float64(failing)/float64(trials))
+				slices.SortFunc(all, func(x, y fqTrial) int { return cmp.Compare(y.quiet, x.quiet) })
+				for _, tr := range all[:min(3, len(all))] {
+					b.Logf("A slow trial: quiet after %v, tripped after %v, %d calls failed, the first %v into its second",
+						tr.quiet.Round(100*time.Microsecond), tr.trip.Round(100*time.Microsecond), tr.failing, tr.phase.Round(time.Millisecond))
+				}
 				if q99 > 100*time.Millisecond {
 					b.Logf("p99 %v is over the bar of 100ms", q99)
 				}
@@ -297,5 +322,6 @@ func fqRun(b *testing.B, admin *redis.Client, clients []*redis.Client, params po
 	}
 	first := firstFail.load()
 	quiet := admitted.load().Sub(first)
-	return fqTrial{quiet: max(quiet, 0), trip: tripped.TrippedAt.Sub(first), failing: failing.Load(), rate: achieved}
+	return fqTrial{quiet: max(quiet, 0), trip: tripped.TrippedAt.Sub(first), failing: failing.Load(), rate: achieved,
+		phase: time.Duration(first.UnixNano() % int64(time.Second))}
 }
