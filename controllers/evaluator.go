@@ -176,7 +176,9 @@ const evaluationPriority = 0
 // The plan carries the sequence number of the state it was made from, so that
 // Redis refuses it if another manager published meanwhile
 // (protocol.ErrStaleSequence); the evaluation then fails with
-// ReasonStaleEpoch and the next one, an interval or more later, re-reads.
+// ReasonStaleEpoch and the next one, an interval or more later, re-reads. A
+// plan that did not see a trip the workers made meanwhile
+// (protocol.ErrTripped) is made again at once from the tripped state.
 func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, at time.Time) evaluation {
 	log := ctrl.LoggerFrom(ctx)
 	// The external signal's last answer, without waiting for a query.
@@ -189,35 +191,56 @@ func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.Dependen
 		return failed(ReasonInvalidSpec, err)
 	}
 
-	rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
-	prev, found, now, err := pc.ReadPublishedAt(rctx)
-	cancel()
-	if err != nil {
-		return failed(ReasonRedisUnavailable, err)
-	}
-	if !found {
-		prev = RestoreFromStatus(pol.Status, params, now)
-		log.Info("Redis holds no state for the policy: continuing from status", "state", prev.State, "rampStep", prev.RampStep)
-	}
+	// The workers may trip the breaker in the fleet's path between the read
+	// and the publish: publish then refuses the plan (protocol.ErrTripped),
+	// which did not see the trip and would undo it, and the evaluator reads
+	// again and plans from the tripped state. Once tripped the state is Open
+	// and no second trip can come before the next publish, so one more
+	// attempt is enough; a third is allowed for safety.
+	var (
+		prev, found           = protocol.Published{}, false
+		window, probes        = protocol.Window{}, protocol.Probes{}
+		redisNow, publishedAt time.Time
+		out                   PlanOutput
+	)
+	for attempt := 1; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
+		var now time.Time
+		prev, found, now, err = pc.ReadPublishedAt(rctx)
+		cancel()
+		if err != nil {
+			return failed(ReasonRedisUnavailable, err)
+		}
+		if !found {
+			prev = RestoreFromStatus(pol.Status, params, now)
+			log.Info("Redis holds no state for the policy: continuing from status", "state", prev.State, "rampStep", prev.RampStep)
+		}
 
-	// Workers count outcomes in whole seconds and ReadWindow sums the seconds
-	// after from: starting one second early counts the second of the last
-	// transition whole. Otherwise failures reported in the second a breaker
-	// closed, or a policy was created, would never be counted; the calls of
-	// that second from before the transition are the probes that closed it.
-	from := WindowStart(params, prev, now).Add(-time.Second)
-	rctx, cancel = context.WithTimeout(ctx, r.Options.RedisTimeout)
-	window, probes, redisNow, err := pc.ReadWindow(rctx, params.Breaker.Window, from)
-	cancel()
-	if err != nil {
-		return failed(ReasonRedisUnavailable, err)
+		// Workers count outcomes in whole seconds and ReadWindow sums the
+		// seconds after from: starting one second early counts the second
+		// of the last transition whole. Otherwise failures reported in the
+		// second a breaker closed, or a policy was created, would never be
+		// counted; the calls of that second from before the transition are
+		// the probes that closed it.
+		from := WindowStart(params, prev, now).Add(-time.Second)
+		rctx, cancel = context.WithTimeout(ctx, r.Options.RedisTimeout)
+		window, probes, redisNow, err = pc.ReadWindow(rctx, params.Breaker.Window, from)
+		cancel()
+		if err != nil {
+			return failed(ReasonRedisUnavailable, err)
+		}
+
+		out = Plan(PlanInput{Params: params, Previous: prev, Window: window, Probes: probes, External: external, Now: redisNow, StaleAfter: r.Options.staleAfter()})
+
+		rctx, cancel = context.WithTimeout(ctx, r.Options.RedisTimeout)
+		publishedAt, err = pc.Publish(rctx, out.Next)
+		cancel()
+		if errors.Is(err, protocol.ErrTripped) && attempt < 3 {
+			log.V(1).Info("The workers tripped the breaker during the evaluation: planning again from the trip", "error", err.Error())
+			continue
+		}
+		break
 	}
-
-	out := Plan(PlanInput{Params: params, Previous: prev, Window: window, Probes: probes, External: external, Now: redisNow, StaleAfter: r.Options.staleAfter()})
-
-	rctx, cancel = context.WithTimeout(ctx, r.Options.RedisTimeout)
-	publishedAt, err := pc.Publish(rctx, out.Next)
-	cancel()
 	switch {
 	case errors.Is(err, protocol.ErrStaleEpoch), errors.Is(err, protocol.ErrStaleSequence):
 		return failed(ReasonStaleEpoch, err)

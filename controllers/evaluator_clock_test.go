@@ -10,6 +10,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // skewedClock is the wall clock moved by offset: the clock of a manager whose
@@ -20,9 +21,9 @@ func (c skewedClock) Now() time.Time { return time.Now().Add(c.offset) }
 
 // TestEvaluatorDecidesByRedisTime runs the manager on a node whose clock is
 // 40 s ahead of Redis's, then 40 s behind. Workers count outcomes by Redis
-// seconds, so the evaluator must decide by Redis time too: 2×minCalls
-// failures open the breaker, the workers' open_until_ms is openDuration away
-// in Redis time, and once probes close the breaker the failures that opened
+// seconds, so the evaluator must decide by Redis time too: minCalls
+// failures trip the breaker in the fleet's path, the controller takes the
+// trip over with open_until_ms openDuration after it in Redis time, and once probes close the breaker the failures that opened
 // it are not counted again (they would reopen it).
 func TestEvaluatorDecidesByRedisTime(t *testing.T) {
 	t.Parallel()
@@ -40,10 +41,20 @@ func TestEvaluatorDecidesByRedisTime(t *testing.T) {
 			createPolicy(t, ns, "billing", spec)
 			g.Eventually(w.stateLimit()).Should(Equal("Closed/40"))
 
-			g.Expect(w.report(g, 2*minCalls, protocol.Failure)).To(Equal(2 * minCalls))
-			g.Eventually(w.stateLimit()).WithTimeout(5*time.Second).WithPolling(5*time.Millisecond).Should(Equal("Open/0"),
-				"2×minCalls failures open the breaker whatever the manager's clock says")
-			open := w.published(g)
+			// The minCalls-th failure trips the breaker in the fleet's path;
+			// the next minCalls are refused.
+			g.Expect(w.report(g, 2*minCalls, protocol.Failure)).To(Equal(minCalls))
+			g.Expect(w.stateLimit()(g)).To(Equal("Open/0"))
+			// The controller takes the trip over, by Redis time whatever the
+			// manager's clock says.
+			var open protocol.Published
+			g.Eventually(func(g Gomega) time.Time {
+				open = w.published(g)
+				return open.Trip.Acknowledged
+			}).WithTimeout(5 * time.Second).WithPolling(5 * time.Millisecond).ShouldNot(BeZero())
+			g.Expect(open.State).To(Equal(wire.Open))
+			g.Expect(open.Trip.Acknowledged).To(Equal(open.TrippedAt))
+			g.Expect(open.OpenUntil).To(Equal(open.TrippedAt.Add(spec.Breaker.OpenDuration.Duration)), "openDuration counts from the trip, in Redis time")
 			g.Expect(open.OpenUntil.Sub(open.UpdatedAt)).To(BeNumerically("<=", spec.Breaker.OpenDuration.Duration),
 				"open_until_ms is at most openDuration after the publication, in Redis time")
 

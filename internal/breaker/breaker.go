@@ -14,7 +14,9 @@
 // The Breaker does not count calls itself. The caller counts calls and
 // failures from WindowStart onwards (and, while HalfOpen, the probe calls made
 // since the breaker entered HalfOpen, i.e. since Snapshot().Since), and hands
-// the counts to Evaluate, which performs at most one state transition.
+// the counts to Evaluate, which performs at most one state transition. A
+// Closed breaker whose window crossed the rule between evaluations (the
+// workers tripped it in the fleet's path) opens as of then with Tripped.
 //
 //	Closed   --(calls >= MinCalls and failures >= FailureRatio*calls)--> Open
 //	Open     --(OpenDuration elapsed since entering Open)-------------> HalfOpen
@@ -178,10 +180,10 @@ func (b *Breaker) SetConfig(cfg Config) {
 // Evaluate applies at most one transition, at clk.Now(), and reports it.
 //
 //   - Closed: window holds the calls counted since WindowStart; probes is
-//     ignored. The breaker opens when window.Calls >= MinCalls and
-//     float64(window.Failures) >= FailureRatio*float64(window.Calls). The
-//     comparison is exact float64 arithmetic with no epsilon: with ratio 0.5,
-//     5 failures in 10 calls open the breaker.
+//     ignored. The breaker opens when Config.Trips(window): window.Calls >=
+//     MinCalls and float64(window.Failures) >= FailureRatio*float64(window.Calls).
+//     The comparison is exact float64 arithmetic with no epsilon: with ratio
+//     0.5, 5 failures in 10 calls open the breaker.
 //   - Open: both counts are ignored. The breaker half-opens once
 //     now - Since >= OpenDuration.
 //   - HalfOpen: probes holds the probe calls made since the breaker entered
@@ -203,11 +205,34 @@ func (b *Breaker) Evaluate(window Counts, probes Counts) (Transition, bool) {
 	return t, true
 }
 
+// Tripped opens a Closed breaker as of at: the instant its window crossed
+// Config.Trips, as the workers reported the failures (release.lua's in-path
+// trip), before anyone called Evaluate. The transition's At and the new
+// Since are at, clamped to [Since, now], so OpenDuration counts from the
+// trip. A breaker that is not Closed does not move: it returns the zero
+// Transition and false.
+func (b *Breaker) Tripped(at time.Time) (Transition, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state != wire.Closed {
+		return Transition{}, false
+	}
+	if now := b.clk.Now(); at.After(now) {
+		at = now
+	}
+	if at.Before(b.since) {
+		at = b.since
+	}
+	t := Transition{From: wire.Closed, To: wire.Open, At: at}
+	b.state, b.since = wire.Open, at
+	return t, true
+}
+
 // next returns the state the breaker moves to at now, if any.
 func (b *Breaker) next(now time.Time, window, probes Counts) (wire.State, bool) {
 	switch b.state {
 	case wire.Closed:
-		return wire.Open, b.tripped(window)
+		return wire.Open, b.cfg.Trips(window)
 	case wire.Open:
 		return wire.HalfOpen, now.Sub(b.since) >= b.cfg.OpenDuration
 	case wire.HalfOpen:
@@ -222,10 +247,15 @@ func (b *Breaker) next(now time.Time, window, probes Counts) (wire.State, bool) 
 	return "", false
 }
 
-// tripped reports whether the window's failure ratio opens a Closed breaker.
-func (b *Breaker) tripped(window Counts) bool {
-	if window.Calls < max(b.cfg.MinCalls, 1) {
+// Trips reports whether a Closed breaker's window opens it: the window holds
+// at least MinCalls calls (at least one, whatever MinCalls says) and
+// float64(Failures) >= FailureRatio*float64(Calls), exact float64 arithmetic
+// with no epsilon. It is the one rule: the breaker's own Evaluate, the
+// workers' in-path trip (release.lua's trip, which a differential test holds
+// to this function) and the simulator's model of that trip all decide by it.
+func (c Config) Trips(window Counts) bool {
+	if window.Calls < max(c.MinCalls, 1) {
 		return false
 	}
-	return float64(window.Failures) >= b.cfg.FailureRatio*float64(window.Calls)
+	return float64(window.Failures) >= c.FailureRatio*float64(window.Calls)
 }

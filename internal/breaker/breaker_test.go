@@ -1,6 +1,7 @@
 package breaker
 
 import (
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -426,5 +427,100 @@ func TestHalfOpenReopensWhenProbesNeverReport(t *testing.T) {
 	clk.Advance(cfg.OpenDuration)
 	if tr, ok := b.Evaluate(Counts{}, Counts{}); !ok || tr.To != wire.HalfOpen {
 		t.Fatalf("Evaluate() = %+v, %v; want wire.HalfOpen again", tr, ok)
+	}
+}
+
+// Trips is the rule Evaluate opens a Closed breaker by: for every window the
+// two agree, on the boundaries of TestEvaluateClosed and on random counts
+// near the threshold.
+func TestConfigTrips(t *testing.T) {
+	tests := []struct {
+		name     string
+		ratio    float64
+		minCalls int64
+		window   Counts
+		want     bool
+	}{
+		{name: "empty", ratio: 0.5, minCalls: 1, window: Counts{}},
+		{name: "below minCalls", ratio: 0.5, minCalls: 10, window: Counts{Calls: 9, Failures: 9}},
+		{name: "at minCalls at ratio", ratio: 0.5, minCalls: 10, window: Counts{Calls: 10, Failures: 5}, want: true},
+		{name: "one failure short", ratio: 0.5, minCalls: 10, window: Counts{Calls: 10, Failures: 4}},
+		{name: "0.1 of 30 is 3 in float64", ratio: 0.1, minCalls: 1, window: Counts{Calls: 30, Failures: 3}, want: true},
+		{name: "0.07 of 100 is above 7 in float64", ratio: 0.07, minCalls: 1, window: Counts{Calls: 100, Failures: 7}},
+		{name: "0.57 of 100 is below 57 in float64", ratio: 0.57, minCalls: 1, window: Counts{Calls: 100, Failures: 57}, want: true},
+		{name: "minCalls zero still needs a call", ratio: 0.5, minCalls: 0, window: Counts{}},
+		{name: "ratio one all fail", ratio: 1, minCalls: 3, window: Counts{Calls: 3, Failures: 3}, want: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.FailureRatio, cfg.MinCalls = tt.ratio, tt.minCalls
+			if got := cfg.Trips(tt.window); got != tt.want {
+				t.Fatalf("Trips(%+v) = %v, want %v", tt.window, got, tt.want)
+			}
+		})
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		cfg := testConfig()
+		cfg.FailureRatio = float64(1+rng.IntN(100)) / 100
+		cfg.MinCalls = int64(1 + rng.IntN(20))
+		calls := rng.Int64N(60)
+		w := Counts{Calls: calls, Failures: rng.Int64N(calls + 1)}
+		b := New(cfg, newClock())
+		if _, opened := b.Evaluate(w, Counts{}); opened != cfg.Trips(w) {
+			t.Fatalf("ratio %v minCalls %d window %+v: Evaluate opened %v, Trips %v", cfg.FailureRatio, cfg.MinCalls, w, opened, cfg.Trips(w))
+		}
+	}
+}
+
+// Tripped opens a Closed breaker as of the trip, so OpenDuration counts from
+// it; a time after now or before Since is clamped; any other state stays.
+func TestTripped(t *testing.T) {
+	tests := []struct {
+		name   string
+		state  wire.State
+		at     time.Duration // after t0; now is t0 + 10s
+		wantAt time.Duration
+		wantOK bool
+	}{
+		{name: "closed", state: wire.Closed, at: 7 * time.Second, wantAt: 7 * time.Second, wantOK: true},
+		{name: "closed, trip in the future", state: wire.Closed, at: time.Minute, wantAt: 10 * time.Second, wantOK: true},
+		{name: "closed, trip before since", state: wire.Closed, at: -time.Second, wantAt: 0, wantOK: true},
+		{name: "open", state: wire.Open, at: 7 * time.Second},
+		{name: "half-open", state: wire.HalfOpen, at: 7 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newClock()
+			b := Restore(testConfig(), clk, Snapshot{State: tt.state, Since: t0})
+			clk.Advance(10 * time.Second)
+			tr, ok := b.Tripped(t0.Add(tt.at))
+			if ok != tt.wantOK {
+				t.Fatalf("Tripped ok = %v, want %v", ok, tt.wantOK)
+			}
+			if !ok {
+				if got := b.Snapshot(); got != (Snapshot{State: tt.state, Since: t0}) {
+					t.Fatalf("a %s breaker moved: %+v", tt.state, got)
+				}
+				return
+			}
+			at := t0.Add(tt.wantAt)
+			if want := (Transition{From: wire.Closed, To: wire.Open, At: at}); tr != want {
+				t.Fatalf("Tripped = %+v, want %+v", tr, want)
+			}
+			if got := b.Snapshot(); got != (Snapshot{State: wire.Open, Since: at}) {
+				t.Fatalf("Snapshot = %+v, want Open since %v", got, at)
+			}
+			// OpenDuration (30s) counts from the trip.
+			clk.Advance(at.Add(30*time.Second).Sub(clk.Now()) - time.Millisecond)
+			if _, moved := b.Evaluate(Counts{}, Counts{}); moved {
+				t.Fatalf("half-opened before openDuration after the trip")
+			}
+			clk.Advance(time.Millisecond)
+			if tr, moved := b.Evaluate(Counts{}, Counts{}); !moved || tr.To != wire.HalfOpen {
+				t.Fatalf("Evaluate at the trip + openDuration = %+v, %v; want HalfOpen", tr, moved)
+			}
+		})
 	}
 }

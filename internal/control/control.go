@@ -37,7 +37,10 @@ const (
 // calling Plan: Previous from Redis (or Restore), Window and Probes with
 // ReadWindow from WindowStart(Params, Previous, Now).
 type Input struct {
-	Params   policy.Params
+	Params policy.Params
+	// Previous is the state Redis holds, as read: after a trip the workers
+	// made in the fleet's path, Open with the trip's TrippedAt and
+	// TrippedFrom, which Plan takes over.
 	Previous protocol.Published
 	Window   protocol.Window
 	Probes   protocol.Probes
@@ -109,6 +112,16 @@ func (c fixedClock) Now() time.Time { return time.Time(c) }
 // outcomes do, and while half-open it can fail or pass the probes
 // (withSignal); an invalid one is ignored.
 //
+// A trip the workers made in the fleet's path since the last plan
+// (Previous.TrippedAt after Previous.Trip.Acknowledged: release.lua wrote
+// Open over the Closed or Ramping in Previous.TrippedFrom) is taken over as
+// the plan's one breaker transition: the breaker opens as of TrippedAt
+// (breaker.Breaker.Tripped; openDuration counts from the trip), the ramp
+// collapses or restarts as for any opening, the outage starts at the trip,
+// the Opened transition is reported and the next epoch published. Next
+// acknowledges the trip (Trip.Acknowledged), so publish accepts it, and
+// carries the rule the workers trip by until the next plan (tripFor).
+//
 // Next carries Previous.Seq, the sequence number of the state the plan was
 // made from, which fences the publication (protocol.Published.Seq), and the
 // dead-man rule's fields: the policy's halfOpenProbes, and StaleAfter, which
@@ -116,8 +129,18 @@ func (c fixedClock) Now() time.Time { return time.Time(c) }
 // rule never lets probes through before the breaker would have.
 func Plan(in Input) Output {
 	clk := fixedClock(in.Now)
-	prev := in.Previous
+	trippedAt, tripped := pendingTrip(in.Previous)
+	prev := beforeTrip(in.Previous)
 	b, r := restore(in.Params, prev, clk)
+	if tripped {
+		// The trip is the breaker's transition, made at its own time: the
+		// breaker and the ramp move as they would have, had the controller
+		// opened the breaker then.
+		if trippedAt.After(in.Now) {
+			trippedAt = in.Now
+		}
+		b, r = restore(in.Params, prev, fixedClock(trippedAt))
+	}
 
 	window := breaker.Counts{
 		Calls:    in.Window.Calls,
@@ -153,12 +176,18 @@ func Plan(in Input) Output {
 
 	var transitions []Transition
 	outageSince := prev.OutageSince
-	if t, ok := evaluateBreaker(b, counted, countedProbes, partial); ok {
+	t, ok := breaker.Transition{}, false
+	if tripped {
+		t, ok = b.Tripped(trippedAt)
+	} else {
+		t, ok = evaluateBreaker(b, counted, countedProbes, partial)
+	}
+	if ok {
 		warm := false
 		switch {
 		case t.To == wire.Open && t.From == wire.Closed:
-			outageSince = in.Now
-			if collapsed(in.Params, prev, r, in.Now) {
+			outageSince = t.At
+			if collapsed(in.Params, prev, r, t.At) {
 				r.Collapse()
 			} else {
 				r.Restart()
@@ -179,7 +208,10 @@ func Plan(in Input) Output {
 		if warm {
 			msg = warmMessage(in.Params, probes, in.Now.Sub(outageSince), r)
 		}
-		if v != verdictNone && decidedBySignal(in.Params, before, clk, window, probes, t) {
+		switch {
+		case tripped:
+			msg = tripMessage(in.Params, t.At, in.Now, window)
+		case v != verdictNone && decidedBySignal(in.Params, before, clk, window, probes, t):
 			msg = signalMessage(in.Params, t, in.External, r)
 		}
 		transitions = append(transitions, Transition{
@@ -245,6 +277,8 @@ func Plan(in Input) Output {
 	if prev.Epoch == 0 || next.State != prev.State {
 		next.Epoch++
 	}
+	next.Trip = tripFor(in.Params, next, r, in.Now)
+	next.Trip.Acknowledged = acknowledged(in.Previous)
 	return Output{Next: next, Transitions: transitions}
 }
 
@@ -257,6 +291,7 @@ func Plan(in Input) Output {
 // settling (Schedule.Settle), so every step is judged on its own outcomes
 // only.
 func WindowStart(p policy.Params, prev protocol.Published, now time.Time) time.Time {
+	prev = beforeTrip(prev)
 	b, r := restore(p, prev, fixedClock(now))
 	start := b.WindowStart()
 	if (prev.State == wire.Ramping || prev.State == wire.Closed) && judged(p, r, now) {

@@ -74,6 +74,9 @@ func (e *engine) complete(c call) {
 	e.counters.outcome(ok)
 	if e.ctl != nil {
 		e.ctl.released(c.job, c.probe, ok)
+		if !ok && !c.probe && e.ctl.trip(&e.counters, e.clock.Now()) {
+			e.stats.trips++
+		}
 	}
 	if ok {
 		e.finish(c.job, jobDone)

@@ -70,9 +70,9 @@ func TestConformanceWithScripts(t *testing.T) {
 	}
 	steps := []conformanceStep{
 		{wire.Closed, 4, "hsssbbb"},   // 0: healthy, one call in flight; the budget grants 2 of 3
-		{wire.Closed, 4, "ffffbbb"},   // 1: 4 failures of 7
-		{wire.Open, 0, "xb"},          // 2: opened
-		{wire.Open, 0, "eb"},          // 3: the call of second 0 ends: the budget counts it now
+		{wire.Closed, 4, "fffxbbb"},   // 1: the 3rd failure (3 of 6) trips in the fleet's path: the 4th call is refused
+		{wire.Open, 0, "xb"},          // 2: the controller takes the trip over
+		{wire.Open, 0, "eb"},          // 3: open until the trip + 2 s; the call of second 0 ends: the budget counts it now
 		{wire.HalfOpen, 2, "hfx"},     // 4: two probes, one in flight; no third
 		{wire.Open, 0, ""},            // 5: the failed probe reopened
 		{wire.Open, 0, ""},            // 6
@@ -172,12 +172,23 @@ func TestConformanceWithScripts(t *testing.T) {
 				}
 				cnt.outcome(op == 's')
 				ctl.released(jobs, probe, op == 's')
-				scripts.release(where, adm, op == 's')
+				redisAt, redisTripped := scripts.release(where, at, adm, op == 's')
+				if op == 'f' && !probe {
+					// The in-path trip, at the instant release.lua ran it
+					// (the simulator's clock otherwise stands at the whole
+					// second): both must trip at the same failure.
+					clk.now = redisAt.Sub(base)
+					simTripped := ctl.trip(&cnt, clk.Now())
+					clk.now = time.Duration(k) * time.Second
+					if simTripped != redisTripped {
+						t.Fatalf("%s: the simulator trips %v, release.lua %v", where, simTripped, redisTripped)
+					}
+				}
 			case 'e':
 				for j, adm := range inFlightRedis {
 					cnt.outcome(true)
 					ctl.released(inFlightJobs[j], inFlightProbes[j], true)
-					scripts.release(where, adm, true)
+					scripts.release(where, at, adm, true)
 				}
 				inFlightSim, inFlightRedis, inFlightJobs, inFlightProbes = 0, nil, nil, nil
 			case 'b':
@@ -210,6 +221,8 @@ type scriptSide struct {
 	pc   *protocol.Client
 	p    policy.Params
 	base time.Time
+	// lastTrip is the last in-path trip seen (TrippedAt).
+	lastTrip time.Time
 }
 
 // inSecond fails the test when Redis's time now is not in the second at: the
@@ -264,8 +277,10 @@ func (s *scriptSide) acquire(where string, at time.Time) protocol.Admission {
 }
 
 // release reports the outcome of an admitted call as a worker does: with the
-// epoch that admitted it when that was HalfOpen.
-func (s *scriptSide) release(where string, adm protocol.Admission, ok bool) {
+// epoch that admitted it when that was HalfOpen. It returns whether the
+// release tripped the breaker in the fleet's path and when (TrippedAt), or
+// else Redis's time just after it.
+func (s *scriptSide) release(where string, at time.Time, adm protocol.Admission, ok bool) (time.Time, bool) {
 	s.t.Helper()
 	var epoch int64
 	if adm.State == wire.HalfOpen {
@@ -278,6 +293,16 @@ func (s *scriptSide) release(where string, adm protocol.Admission, ok bool) {
 	if _, err := s.pc.Release(s.ctx, adm.Member, epoch, outcome, 1); err != nil {
 		s.t.Fatalf("%s: %v", where, err)
 	}
+	pub, _, now, err := s.pc.ReadPublishedAt(s.ctx)
+	if err != nil {
+		s.t.Fatalf("%s: %v", where, err)
+	}
+	s.inSecond(where, at, now)
+	if !pub.TrippedAt.Equal(s.lastTrip) {
+		s.lastTrip = pub.TrippedAt
+		return pub.TrippedAt, true
+	}
+	return now, false
 }
 
 func (s *scriptSide) budget(where string, at time.Time) protocol.BudgetDecision {

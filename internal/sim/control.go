@@ -17,7 +17,8 @@ import (
 // acquire.lua (Open admits nothing, HalfOpen admits the limit's probes per
 // epoch in all, otherwise calls in flight stay under the limit) and the
 // probe accounting release.lua (a probe's outcome counts when it ends in the
-// HalfOpen epoch that admitted it); a new epoch clears the probes, as
+// HalfOpen epoch that admitted it, and a failure of another call may trip
+// the breaker in the fleet's path, trip); a new epoch clears the probes, as
 // publish.lua does.
 type controller struct {
 	params policy.Params
@@ -116,6 +117,22 @@ func (c *controller) released(job int32, probe, ok bool) {
 	} else {
 		c.probes.Failures++
 	}
+}
+
+// trip is the in-path trip (control.Trip, release.lua's): after a failure of
+// a call that is not a probe, counted in cnt at now, the published state
+// opens when the window the controller will read, from the published
+// Trip.Since, crosses the breaker's rule. The controller takes it over at its
+// next evaluation. It reports whether it tripped.
+func (c *controller) trip(cnt *counters, now time.Time) bool {
+	if !c.pub.Trip.On {
+		return false
+	}
+	next, ok := control.Trip(c.pub, cnt.window(now, c.pub.BreakerWindow, c.pub.Trip.Since), now)
+	if ok {
+		c.pub = next
+	}
+	return ok
 }
 
 // rate is the published fleet-wide rate limit (control.RateBound), 0 for

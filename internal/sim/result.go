@@ -57,6 +57,9 @@ type Result struct {
 	Jobs int64 `json:"-"`
 	// GaveUp counts the jobs abandoned after MaxAttempts failed calls.
 	GaveUp int64 `json:"-"`
+	// Trips counts the in-path trips: the workers' failures opened the
+	// breaker between two of the controller's evaluations (control.Trip).
+	Trips int64 `json:"-"`
 	// Pending counts the jobs still queued, waiting to retry or in flight
 	// at the horizon.
 	Pending int64 `json:"-"`
@@ -230,6 +233,7 @@ func (e *engine) result(p Policy) Result {
 		Calls:             e.counters.calls,
 		Jobs:              jobs,
 		GaveUp:            s.gaveUp,
+		Trips:             s.trips,
 		Pending:           found,
 		DownAfterRecovery: s.downAfterRecovery,
 		PeakReplicas:      e.workers.peak,

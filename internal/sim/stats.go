@@ -6,7 +6,9 @@ import "time"
 type stats struct {
 	pending, completed, stale, superseded, gaveUp, parked int64
 	// parking counts the jobs waiting out a park delay now.
-	parking           int64
+	parking int64
+	// trips counts the in-path trips (controller.trip).
+	trips             int64
 	secondOutages     int
 	downAfterRecovery time.Duration
 	// peakLoad is the highest load of a second (see dependency.closeLoad).

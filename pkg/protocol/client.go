@@ -23,7 +23,6 @@ type Client struct {
 
 	acquireKeys []string
 	releaseKeys []string
-	probeKeys   []string
 	renewKeys   []string
 	budgetKeys  []string
 	windowKeys  []string
@@ -46,8 +45,9 @@ func NewClient(rdb redis.UniversalClient, d Dependency) (*Client, error) {
 		dep:         d,
 		keys:        k,
 		acquireKeys: []string{k.State, k.Leases, k.GCRA, k.Probes, k.Wants},
-		releaseKeys: []string{k.Leases, k.Stats},
-		probeKeys:   []string{k.Leases, k.Stats, k.State, k.Probes},
+		// Every release passes the state and probes keys: a failure or
+		// timeout may trip the breaker in the fleet's path (lib.lua trip).
+		releaseKeys: []string{k.Leases, k.Stats, k.State, k.Probes},
 		renewKeys:   []string{k.Leases},
 		budgetKeys:  []string{k.State, k.Stats},
 		windowKeys:  []string{k.State, k.Stats, k.Probes, k.Leases},
@@ -246,9 +246,12 @@ func (c *Client) Renew(ctx context.Context, member string, ttl time.Duration) (b
 // reports the call's outcome and attempt number, in one round trip. epoch is
 // the epoch that admitted the call; its outcome counts as a probe when that
 // epoch is the current one and the state is HalfOpen. Pass 0 for a call not
-// admitted HalfOpen to spare the script that check. It returns whether the
-// member was still in the lease set: false means that a renew or a sweep had
-// already removed it as expired. A lease that expired but was not swept yet
+// admitted HalfOpen to spare the script that check. A failure or timeout of a
+// call that is not a probe may trip the breaker in the fleet's path: when
+// the window the controller reads crosses the breaker's rule, the script
+// publishes Open itself (docs/protocol.md, the in-path trip). It returns
+// whether the member was still in the lease set: false means that a renew
+// or a sweep had already removed it as expired. A lease that expired but was not swept yet
 // reads true; whether a lease was lost is renew's answer, not release's.
 func (c *Client) Release(ctx context.Context, member string, epoch int64, outcome Outcome, attempt int) (bool, error) {
 	return c.ReleaseTimed(ctx, member, epoch, outcome, attempt, -1)
@@ -272,13 +275,7 @@ func (c *Client) ReleaseTimed(ctx context.Context, member string, epoch int64, o
 	if took >= 0 {
 		args = append(args, took.Microseconds())
 	}
-	var cmd *redis.Cmd
-	if epoch != 0 {
-		cmd = releaseScript.Run(ctx, c.rdb, c.probeKeys, args...)
-	} else {
-		cmd = releaseScript.Run(ctx, c.rdb, c.releaseKeys, args...)
-	}
-	n, err := cmd.Int64()
+	n, err := releaseScript.Run(ctx, c.rdb, c.releaseKeys, args...).Int64()
 	if err != nil {
 		return false, fmt.Errorf("failed to release a lease for %s: %w", c.dep, err)
 	}

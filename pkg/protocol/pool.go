@@ -170,7 +170,10 @@ func (r PoolReply) Batching() bool {
 
 // Pool refreshes the pool a.PoolID in one round trip: it renews a.Held,
 // takes back a.Return, counts a.Report, and grants new members and rate
-// tokens up to what is free and the pool's fair share.
+// tokens up to what is free and the pool's fair share. A report that holds
+// failures or timeouts may trip the breaker in the fleet's path, as a
+// release does (docs/protocol.md, the in-path trip); the reply then answers
+// the Open the trip wrote.
 func (c *Client) Pool(ctx context.Context, a PoolArgs) (PoolReply, error) {
 	if a.PoolID == "" || a.RequestID == "" {
 		return PoolReply{}, errors.New("pool id and request id must not be empty")

@@ -76,8 +76,49 @@ type Published struct {
 	// read it.
 	SuccessLatency time.Duration
 
+	// Trip is what the workers' release needs to trip the breaker in the
+	// fleet's path (release.lua, lib.lua trip): whether it may, the
+	// breaker's rule and where its window starts. The controller's plan
+	// computes it (control.Plan).
+	Trip Trip
+	// TrippedAt is when workers last tripped the breaker in the fleet's
+	// path (Redis time), zero if never; read only. A TrippedAt after
+	// Trip.Acknowledged is a trip the controller has not taken over yet.
+	TrippedAt time.Time
+	// TrippedFrom is the state that trip replaced with Open: Closed or
+	// Ramping; read only.
+	TrippedFrom wire.State
+
 	// UpdatedAt is when Redis stored this state (Redis time); read only.
 	UpdatedAt time.Time
+}
+
+// Trip is the in-path trip's part of a publication: the breaker's rule
+// (breaker.Config.Trips) as release.lua applies it to the counts the
+// controller's window read would see, and the fence that keeps a plan made
+// before a trip from undoing it.
+type Trip struct {
+	// On lets a failure or timeout reported through release trip the
+	// breaker: only while the published state is Closed or Ramping, and
+	// the controller's decision is the breaker's rule alone.
+	On bool
+	// FailureRatio and MinCalls are the breaker's failureRatio and
+	// minCalls. The ratio is written as the shortest decimal that parses
+	// back to the same float64, which Lua's tonumber reads to that float64
+	// too.
+	FailureRatio float64
+	MinCalls     int64
+	// Since is where the window starts: only the seconds after Since's
+	// second count (the from the evaluator passes ReadWindow), and at most
+	// BreakerWindow of them.
+	Since time.Time
+	// OpenDuration is the breaker's openDuration: a trip publishes
+	// open_until_ms = now + OpenDuration.
+	OpenDuration time.Duration
+	// Acknowledged is the last trip (TrippedAt) the plan has taken over.
+	// Publish refuses, with ErrTripped, a plan whose Acknowledged is before
+	// the TrippedAt stored.
+	Acknowledged time.Time
 }
 
 // RateBurst is the rate limiter's burst for a rate: a tenth of a second's
@@ -110,6 +151,12 @@ var ErrStaleEpoch = errors.New("redis holds a newer epoch")
 // still inside its lease, or the new one) published after this one read.
 var ErrStaleSequence = errors.New("redis holds a newer publication")
 
+// ErrTripped means the workers tripped the breaker in the fleet's path after
+// the state the publication was planned from was read: it does not
+// acknowledge the trip (Trip.Acknowledged), so it would undo it. Plan again
+// from the state stored now.
+var ErrTripped = errors.New("the workers tripped the breaker after the plan's state was read")
+
 // Publish writes p in one script. A write whose epoch is lower than the one
 // stored is refused with ErrStaleEpoch; one planned from a state older than
 // the one stored (see Published.Seq) with ErrStaleSequence. It returns Redis's
@@ -123,6 +170,9 @@ func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
 	}
 	if p.Seq < 0 || p.HalfOpenProbes < 0 || p.StaleAfter < 0 {
 		return time.Time{}, fmt.Errorf("seq, half-open probes and stale-after must be >= 0, got %d, %d and %v", p.Seq, p.HalfOpenProbes, p.StaleAfter)
+	}
+	if p.Trip.On && (!(p.Trip.FailureRatio > 0 && p.Trip.FailureRatio <= 1) || p.Trip.MinCalls < 1 || p.Trip.OpenDuration < time.Millisecond) {
+		return time.Time{}, fmt.Errorf("a trip needs a failure ratio in (0, 1], min calls >= 1 and an open duration >= 1ms, got %v, %d and %v", p.Trip.FailureRatio, p.Trip.MinCalls, p.Trip.OpenDuration)
 	}
 	var seq int64
 	if p.Seq > 0 {
@@ -157,6 +207,12 @@ func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
 		"stale_after_ms", p.StaleAfter.Milliseconds(),
 		"ctrl_outage_since_ms", millis(p.OutageSince),
 		"ctrl_success_latency_us", p.SuccessLatency.Microseconds(),
+		"trip_on", boolInt(p.Trip.On),
+		"trip_failure_ratio", strconv.FormatFloat(p.Trip.FailureRatio, 'g', -1, 64),
+		"trip_min_calls", p.Trip.MinCalls,
+		"trip_since_ms", millis(p.Trip.Since),
+		"trip_open_ms", p.Trip.OpenDuration.Milliseconds(),
+		"trip_acked_ms", millis(p.Trip.Acknowledged),
 	}
 	res, err := publishScript.Run(ctx, c.rdb, c.publishKeys, args...).Slice()
 	if err != nil {
@@ -177,6 +233,8 @@ func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%s at epoch %d, publishing %d: %w", c.dep, v, p.Epoch, ErrStaleEpoch)
 	case 2:
 		return time.Time{}, fmt.Errorf("%s at sequence %d, publishing a plan made at %d: %w", c.dep, v, p.Seq, ErrStaleSequence)
+	case 3:
+		return time.Time{}, fmt.Errorf("%s tripped at %d ms, publishing a plan that acknowledged %d: %w", c.dep, v, millis(p.Trip.Acknowledged), ErrTripped)
 	}
 	return time.Time{}, fmt.Errorf("unexpected publish reply %v", res)
 }
@@ -229,6 +287,7 @@ func (c *Client) parsePublished(m map[string]string) (Published, bool, error) {
 	}
 	ms := func(f string) time.Duration { return time.Duration(num(f)) * time.Millisecond }
 	s := func(f string) time.Duration { return time.Duration(num(f)) * time.Second }
+	ratio, _ := strconv.ParseFloat(m["trip_failure_ratio"], 64)
 	return Published{
 		State:         wire.State(m["state"]),
 		Limit:         num("limit"),
@@ -259,7 +318,17 @@ func (c *Client) parsePublished(m map[string]string) (Published, bool, error) {
 		OutageSince:     fromMillis(num("ctrl_outage_since_ms")),
 		SuccessLatency:  time.Duration(num("ctrl_success_latency_us")) * time.Microsecond,
 		Seq:             num("seq"),
-		UpdatedAt:       fromMillis(num("updated_at_ms")),
+		Trip: Trip{
+			On:           num("trip_on") == 1,
+			FailureRatio: ratio,
+			MinCalls:     num("trip_min_calls"),
+			Since:        fromMillis(num("trip_since_ms")),
+			OpenDuration: ms("trip_open_ms"),
+			Acknowledged: fromMillis(num("trip_acked_ms")),
+		},
+		TrippedAt:   fromMillis(num("tripped_at_ms")),
+		TrippedFrom: wire.State(m["tripped_from"]),
+		UpdatedAt:   fromMillis(num("updated_at_ms")),
 	}, true, nil
 }
 

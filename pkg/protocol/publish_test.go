@@ -45,6 +45,10 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 			StaleAfter:      45500 * time.Millisecond,
 			OutageSince:     base.Add(-90 * time.Second),
 			SuccessLatency:  1234 * time.Microsecond,
+			Trip: protocol.Trip{
+				On: true, FailureRatio: 0.07, MinCalls: 25, Since: base.Add(-31 * time.Second),
+				OpenDuration: 12500 * time.Millisecond, Acknowledged: base.Add(-time.Hour),
+			},
 		}
 		at, err := c.Publish(ctx, want)
 		if err != nil {
@@ -89,13 +93,18 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 			"ctrl_ramp_ceiling":  "5",
 			"ctrl_ramp_backoffs": "2",
 			"ctrl_ramp_settling": "1",
+			// the in-path trip's rule, the ratio as the shortest decimal
+			"trip_on":            "1",
+			"trip_failure_ratio": "0.07",
+			"trip_min_calls":     "25",
+			"trip_open_ms":       "12500",
 		} {
 			if m[field] != v {
 				t.Errorf("state field %s = %q, want %q", field, m[field], v)
 			}
 		}
-		if len(m) != 30 {
-			t.Errorf("state hash has %d fields, want 30: %v", len(m), m)
+		if len(m) != 36 {
+			t.Errorf("state hash has %d fields, want 36: %v", len(m), m)
 		}
 
 		// Zero times and rates survive as zero.
@@ -147,8 +156,14 @@ func checkPublished(t *testing.T, got, want protocol.Published) {
 	eqTime("BreakerSince", got.BreakerSince, want.BreakerSince)
 	eqTime("RampStepStarted", got.RampStepStarted, want.RampStepStarted)
 	eqTime("UpdatedAt", got.UpdatedAt, want.UpdatedAt)
-	got.OpenUntil, got.BreakerSince, got.RampStepStarted, got.UpdatedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
-	want.OpenUntil, want.BreakerSince, want.RampStepStarted, want.UpdatedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	eqTime("OutageSince", got.OutageSince, want.OutageSince)
+	eqTime("Trip.Since", got.Trip.Since, want.Trip.Since)
+	eqTime("Trip.Acknowledged", got.Trip.Acknowledged, want.Trip.Acknowledged)
+	eqTime("TrippedAt", got.TrippedAt, want.TrippedAt)
+	for _, p := range []*protocol.Published{&got, &want} {
+		p.OpenUntil, p.BreakerSince, p.RampStepStarted, p.UpdatedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+		p.OutageSince, p.Trip.Since, p.Trip.Acknowledged, p.TrippedAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	}
 	if got != want {
 		t.Errorf("ReadPublished =\n%+v\nwant\n%+v", got, want)
 	}

@@ -230,8 +230,9 @@ class Client:
         self.keys = Keys.of(self.dep)
         k = self.keys
         self._acquire_keys = [k.state, k.leases, k.gcra, k.probes, k.wants]
-        self._release_keys = [k.leases, k.stats]
-        self._probe_keys = [k.leases, k.stats, k.state, k.probes]
+        # Every release passes the state and probes keys: a failure or
+        # timeout may trip the breaker in the fleet's path (lib.lua trip).
+        self._release_keys = [k.leases, k.stats, k.state, k.probes]
 
     # -- transport ---------------------------------------------------------
 
@@ -331,7 +332,9 @@ class Client:
         """Free member ('' for none) and report the outcome; epoch only for a
         call admitted HalfOpen (a probe), 0 otherwise. took, in seconds, is
         how long the call took: a success's goes into the window's success
-        latency, from which the controller bounds a ramp step's call rate."""
+        latency, from which the controller bounds a ramp step's call rate.
+        A failure or timeout of a call that is not a probe may trip the
+        breaker in the fleet's path (docs/protocol.md, the in-path trip)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be s, f, t or c, got {outcome!r}")
         if attempt < 1:
@@ -341,8 +344,7 @@ class Client:
             args.append(int(epoch))
         if took is not None:
             args.append(max(0, int(took * 1_000_000)))
-        keys = self._probe_keys if epoch else self._release_keys
-        res = self.run(SCRIPTS["release"], keys, args, timeout)
+        res = self.run(SCRIPTS["release"], self._release_keys, args, timeout)
         return _int(res) == 1
 
     def forget(self, member: str, timeout: Optional[float] = None) -> None:

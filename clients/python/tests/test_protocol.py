@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from spillway import protocol as P
-from conftest import publish
+from conftest import publish, state_fields
 
 
 def client(rdb, dep):
@@ -207,3 +207,32 @@ def test_release_reports_how_long_a_success_took(rdb, dep):
         c.release(adm.member, outcome, 1, took=took)
     w = c.window(60)
     assert (w["successes"], w["timed_successes"], w["success_micros"]) == (3, 2, 400_000)
+
+
+def test_failures_trip_the_breaker_in_the_fleets_path(rdb, dep):
+    """A Python worker's releases trip the breaker as Go's do (lib.lua trip):
+    the minCalls-th failure at ratio 0.5 writes Open, limit 0, the trip's
+    time and the state it replaced, announces it, and acquisitions are then
+    refused; a success never trips, a probe's failure is not counted here."""
+    now = P.redis_now_ms(rdb)
+    fields = state_fields(limit=8)
+    fields.update({"trip_on": 1, "trip_failure_ratio": "0.5", "trip_min_calls": 10,
+                   "trip_since_ms": now - 60000, "trip_open_ms": 7000, "trip_acked_ms": 0})
+    c = client(rdb, dep)
+    assert c.publish(1, fields)[0] == 1
+    sub = rdb.pubsub()
+    sub.subscribe(c.keys.state[: -len("state")] + "changes")
+    assert sub.get_message(timeout=1)["type"] == "subscribe"
+    for _ in range(9):
+        c.release("", P.FAILURE, 1)
+    assert rdb.hget(c.keys.state, "state") == b"Closed", "below minCalls"
+    c.release("", P.SUCCESS, 1)
+    assert rdb.hget(c.keys.state, "state") == b"Closed", "a success never trips"
+    c.release("", P.FAILURE, 1)
+    st = {k.decode(): v.decode() for k, v in rdb.hgetall(c.keys.state).items()}
+    assert (st["state"], st["limit"], st["tripped_from"], st["epoch"]) == ("Open", "0", "Closed", "1")
+    assert int(st["open_until_ms"]) == int(st["tripped_at_ms"]) + 7000
+    msg = sub.get_message(timeout=1)
+    assert msg and msg["data"] == b"1 Open 0"
+    sub.close()
+    assert c.acquire("l1", 1000).code == P.REFUSED_OPEN

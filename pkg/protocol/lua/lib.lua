@@ -291,3 +291,76 @@ local function closed_totals(stats, tag, names, from_s, now_s, cached)
   end
   return totals
 end
+
+-- The in-path trip: a Closed or Ramping breaker opens as the workers report
+-- the failures that cross its rule, without waiting for the controller's next
+-- evaluation. Called with the current second's counters already counted,
+-- after an outcome f or t of a call that is not a probe (release), or after
+-- an aggregated report that holds one. The rule is internal/breaker's
+-- Config.Trips over the counts window reads: calls = s + f + t and
+-- failures = f + t over the seconds (max(now_s - breaker_window_s,
+-- floor(trip_since_ms / 1000)), now_s], tripping when calls >=
+-- max(trip_min_calls, 1) and failures >= trip_failure_ratio * calls, in
+-- doubles as Go's float64 (the ratio is the decimal the controller wrote,
+-- which tonumber reads to the same double as Go's ParseFloat). The closed
+-- seconds come from cached totals (closed_totals, tag 'trip'), so a call
+-- reads one HMGET of the state and one of the stats, plus the seconds that
+-- passed since the last one.
+--
+-- A trip writes state Open, limit 0, open_until_ms = now + trip_open_ms,
+-- tripped_at_ms = now and tripped_from = the state it replaced, extends
+-- stale_after_ms as the controller does for an Open it publishes (the
+-- dead-man bound then runs from open_until_ms), and announces
+-- '<epoch> Open 0' on the changes channel (announce_change, the format
+-- publish uses). It keeps the epoch and seq: the
+-- controller takes the trip over at its next evaluation and publishes the
+-- next epoch, and publish refuses a plan that did not see the trip
+-- (unacknowledged_trip). Returns true when it tripped.
+local function trip(state, stats, now_s, now_ms)
+  local st = redis.call('HMGET', state, 'trip_on', 'state', 'epoch', 'trip_failure_ratio',
+    'trip_min_calls', 'trip_since_ms', 'breaker_window_s', 'trip_open_ms',
+    'updated_at_ms', 'stale_after_ms')
+  if st[1] ~= '1' or (st[2] ~= 'Closed' and st[2] ~= 'Ramping') then return false end
+  local ratio, min_calls = tonumber(st[4]), tonumber(st[5])
+  if not ratio or not min_calls then return false end
+  local from_s = math.max(now_s - math.floor(tonumber(st[7]) or 0), math.floor((tonumber(st[6]) or 0) / 1000))
+  local names = {'s', 'f', 't'}
+  local fields = cache_fields('trip', names, {})
+  local p = int(now_s) .. ':'
+  for i = 1, 3 do fields[#fields + 1] = p .. names[i] end
+  local c = redis.call('HMGET', stats, unpack(fields))
+  local totals = closed_totals(stats, 'trip', names, from_s, now_s, c)
+  if from_s < now_s then
+    for i = 1, 3 do totals[i] = totals[i] + (tonumber(c[8 + i]) or 0) end
+  end
+  local calls, failures = totals[1] + totals[2] + totals[3], totals[2] + totals[3]
+  if calls < math.max(min_calls, 1) or not (failures >= ratio * calls) then return false end
+  local open_ms = math.floor(tonumber(st[8]) or 0)
+  local kv = {'state', 'Open', 'limit', '0', 'open_until_ms', int(now_ms + open_ms),
+    'tripped_at_ms', int(now_ms), 'tripped_from', st[2]}
+  local stale_after, updated = tonumber(st[10]) or 0, tonumber(st[9])
+  if stale_after > 0 and updated then
+    kv[#kv + 1] = 'stale_after_ms'
+    kv[#kv + 1] = int(now_ms - updated + stale_after + open_ms)
+  end
+  redis.call('HSET', state, unpack(kv))
+  announce_change(state, st[3] or '0', 'Open', '0')
+  return true
+end
+
+-- The stored trip (tripped_at_ms) that a publication does not acknowledge:
+-- its pair trip_acked_ms (absent: 0) is earlier. Such a plan was made from a
+-- state read before the trip, and would undo it (publish a Closed the trip
+-- ended); publish refuses it, and the controller plans again from the
+-- tripped state. Returns tripped_at_ms, or nil when the publication may
+-- proceed.
+local function unacknowledged_trip(state, argv)
+  local tripped = tonumber(redis.call('HGET', state, 'tripped_at_ms'))
+  if not tripped then return nil end
+  local acked = 0
+  for i = 3, #argv - 1, 2 do
+    if argv[i] == 'trip_acked_ms' then acked = tonumber(argv[i + 1]) or 0 end
+  end
+  if tripped > acked then return tripped end
+  return nil
+end

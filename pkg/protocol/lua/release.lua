@@ -1,11 +1,11 @@
 -- release: free a lease and report the call's outcome, in one round trip.
--- KEYS[1] leases  KEYS[2] stats  [KEYS[3] state  KEYS[4] probes]
+-- KEYS[1] leases  KEYS[2] stats  KEYS[3] state  KEYS[4] probes
 -- ARGV[1] member (or '' for a call admitted without a lease)  ARGV[2] outcome
 -- s|f|t|c  ARGV[3] attempt (>= 1)  [ARGV[4] the epoch that admitted the call,
--- for a call admitted HalfOpen (0 otherwise): only probes pass KEYS[3],
--- KEYS[4] and a non-zero ARGV[4]]  [ARGV[5] how long the call took, in
--- microseconds: a success's is summed (ds) and counted (dn), so the controller
--- knows the dependency's success latency; absent or negative: not timed]
+-- for a call admitted HalfOpen (0 otherwise)]  [ARGV[5] how long the call
+-- took, in microseconds: a success's is summed (ds) and counted (dn), so the
+-- controller knows the dependency's success latency; absent or negative: not
+-- timed]
 -- Returns 1 when the member was removed, 0 when it was no longer there.
 -- A member that is no longer there counts nothing: no outcome, no attempt,
 -- no probe. It was released already (this is a resend of a release whose
@@ -13,6 +13,10 @@
 -- (renew or a sweep removed it as expired: the fleet stopped counting the
 -- call then). A call admitted without a lease ('') cannot be told from its
 -- resend and counts every time.
+-- A failure or timeout of a call that is not a probe may trip the breaker in
+-- the fleet's path (lib.lua trip): the state is read only then, and for a
+-- call whose ARGV[4] names an epoch. A client of an earlier revision that
+-- passes two keys for a call that is not a probe trips nothing.
 local t = redis.call('TIME')
 local removed = 0
 if ARGV[1] ~= '' then
@@ -20,7 +24,7 @@ if ARGV[1] ~= '' then
   if removed == 0 then return 0 end
 end
 local probe = false
-if KEYS[4] then
+if KEYS[4] and ARGV[4] and ARGV[4] ~= '0' then
   local st = redis.call('HMGET', KEYS[3], 'state', 'epoch')
   probe = st[1] == 'HalfOpen' and st[2] == ARGV[4]
 end
@@ -51,4 +55,7 @@ if ARGV[2] == 's' and took and took >= 0 then
   redis.call('HINCRBY', KEYS[2], p .. 'dn', 1)
 end
 if probe then redis.call('HINCRBY', KEYS[4], ARGV[2], 1) end
+if KEYS[3] and not probe and (ARGV[2] == 'f' or ARGV[2] == 't') then
+  trip(KEYS[3], KEYS[2], tonumber(t[1]), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+end
 return removed

@@ -287,11 +287,13 @@ for i = 1, #names do
 end
 if fresh then keep_stats(KEYS[4], sec) end
 
--- TRIP: the fleet-wide breaker trip runs here, once the report is counted,
--- when it holds failures or timeouts (failed). A trip sets tripped, and this
--- refresh then answers the Open it wrote: no slots, drop them all.
+-- The in-path trip (lib.lua trip), once the report is counted, when it holds
+-- failures or timeouts, as release checks after each one: the aggregated
+-- report is one decision over the window with all of it counted. A trip
+-- writes Open, and this refresh then answers it: no slots, drop them all.
 local failed = (tonumber(ARGV[11]) or 0) + (tonumber(ARGV[12]) or 0) > 0
 local tripped = false
+if failed then tripped = trip(KEYS[1], KEYS[4], sec, now_ms) end
 if tripped then st = read_state() end
 
 local state = st[2]

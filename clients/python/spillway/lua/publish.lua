@@ -21,6 +21,10 @@ if seq == 0 then
 elseif seq <= stored_seq then
   return {2, stored_seq}
 end
+-- A plan that did not see the workers' last trip would undo it (lib.lua
+-- unacknowledged_trip): it is refused too, with {3, tripped_at_ms}.
+local tripped = unacknowledged_trip(KEYS[1], ARGV)
+if tripped then return {3, tripped} end
 if stored ~= epoch then redis.call('DEL', KEYS[2]) end
 local now_ms = math.floor(now_us() / 1000)
 local args = {'version', '4', 'epoch', ARGV[1], 'seq', int(seq), 'updated_at_ms', int(now_ms)}
