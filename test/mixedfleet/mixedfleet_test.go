@@ -48,7 +48,10 @@ const (
 	mixedDepEnv     = "SPILLWAY_MIXED_DEP"
 	mixedURLEnv     = "SPILLWAY_MIXED_URL"
 	mixedThreadsEnv = "SPILLWAY_MIXED_THREADS"
-	statsPrefix     = "mixed-stats: "
+	// mixedBatchEnv, when set, makes a Go worker batch its slots
+	// (batchOptions) and call the dependency as "go-batch".
+	mixedBatchEnv = "SPILLWAY_MIXED_BATCH"
+	statsPrefix   = "mixed-stats: "
 
 	// requirePythonEnv, when set (make test sets it), turns a missing
 	// python3 or module into a failure instead of a skip.
@@ -393,7 +396,16 @@ func onlyGoScriptsCached(ctx context.Context, rdb *redis.Client, dir string) err
 func goWorker() int {
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(mixedRedisEnv), ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	gd, err := guard.New(rdb, os.Getenv(mixedDepEnv), guard.Options{})
+	lang, opts := "go", guard.Options{}
+	if os.Getenv(mixedBatchEnv) != "" {
+		lang = "go-batch"
+		var err error
+		if opts, err = batchOptions(opts); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	gd, err := guard.New(rdb, os.Getenv(mixedDepEnv), opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -408,7 +420,7 @@ func goWorker() int {
 	}()
 
 	var mu sync.Mutex
-	st := workerStats{Lang: "go", PID: os.Getpid(), Refused: map[string]int{}}
+	st := workerStats{Lang: lang, PID: os.Getpid(), Refused: map[string]int{}}
 	count := func(f func()) { mu.Lock(); f(); mu.Unlock() }
 	report := func() {
 		mu.Lock()
@@ -423,7 +435,7 @@ func goWorker() int {
 		if err != nil {
 			return err
 		}
-		req.Header.Set("X-Lang", "go")
+		req.Header.Set("X-Lang", lang)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			count(func() { st.Failed++ }) // the guard reports it as a failure too
