@@ -66,13 +66,13 @@ const (
 
 // The modes a fleet can run in.
 const (
-	modeBare    = "bare"
-	modePerCall = "percall"
-	modeBatch   = "batch"
+	tpBare    = "bare"
+	tpPerCall = "percall"
+	tpBatch   = "batch"
 )
 
 // tpDefaultModes are the modes measured when SPILLWAY_BENCH_MODES is unset.
-var tpDefaultModes = []string{modeBare, modePerCall}
+var tpDefaultModes = []string{tpBare, tpPerCall}
 
 // tpConfig is one fleet.
 type tpConfig struct {
@@ -106,7 +106,7 @@ type tpResult struct {
 	peak, overLimit int64
 	refused         map[string]int64
 	workerCPU       time.Duration
-	redisCPU        time.Duration
+	tpRedisCPU      time.Duration
 }
 
 func (r tpResult) callsPerSecond() float64 { return float64(r.calls) / r.elapsed.Seconds() }
@@ -121,7 +121,7 @@ func (r tpResult) perCall(d time.Duration) float64 {
 
 func (r tpResult) String() string {
 	return fmt.Sprintf("%s: %d calls in %v (%.0f calls/s), worker CPU %.2f µs/call, Redis CPU %.2f µs/call, peak in flight %d, over the limit %d, refused %v",
-		r.mode, r.calls, r.elapsed.Round(time.Millisecond), r.callsPerSecond(), r.perCall(r.workerCPU), r.perCall(r.redisCPU),
+		r.mode, r.calls, r.elapsed.Round(time.Millisecond), r.callsPerSecond(), r.perCall(r.workerCPU), r.perCall(r.tpRedisCPU),
 		r.peak, r.overLimit, r.refused)
 }
 
@@ -129,7 +129,7 @@ func (r tpResult) String() string {
 // worker with more goroutines than its share does, rather than being refused.
 func tpOptions(mode string) (guard.Options, error) {
 	switch mode {
-	case modePerCall:
+	case tpPerCall:
 		return guard.Options{WaitForSlot: true}, nil
 	}
 	return guard.Options{}, fmt.Errorf("no guard in mode %q", mode)
@@ -193,7 +193,7 @@ func tpWorker(stdin io.Reader, stdout io.Writer) error {
 		return nil
 	}
 	var g *guard.Guard
-	if mode != modeBare {
+	if mode != tpBare {
 		opts, err := tpOptions(mode)
 		if err != nil {
 			return err
@@ -217,7 +217,7 @@ func tpWorker(stdin io.Reader, stdout io.Writer) error {
 		cancel()
 	}()
 
-	cpu0 := processCPU()
+	cpu0 := tpProcessCPU()
 	var mu sync.Mutex
 	total := tpWorkerStats{Refused: map[string]int64{}}
 	var wg sync.WaitGroup
@@ -238,7 +238,7 @@ func tpWorker(stdin io.Reader, stdout io.Writer) error {
 				}
 				shared.giveBack()
 				refused[tpReason(err)]++
-				sleepCtx(ctx, time.Millisecond) // never spin on a refusal
+				tpSleep(ctx, time.Millisecond) // never spin on a refusal
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -249,7 +249,7 @@ func tpWorker(stdin io.Reader, stdout io.Writer) error {
 		})
 	}
 	wg.Wait()
-	total.CPU = int64(processCPU() - cpu0)
+	total.CPU = int64(tpProcessCPU() - cpu0)
 	if g != nil {
 		g.Close()
 	}
@@ -270,8 +270,8 @@ func tpReason(err error) string {
 	return ge.Action.String() + ": " + ge.Reason.Error()
 }
 
-// processCPU is the user plus system CPU time this process has used.
-func processCPU() time.Duration {
+// tpProcessCPU is the user plus system CPU time this process has used.
+func tpProcessCPU() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
@@ -279,7 +279,7 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) {
+func tpSleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -353,7 +353,7 @@ func tpRun(tb testing.TB, cfg tpConfig, mode string, calls int64, run, wait time
 	tb.Helper()
 	srv := redistest.Start(tb)
 	admin := srv.Client()
-	if mode != modeBare {
+	if mode != tpBare {
 		d, err := protocol.ParseDependency(tpDependency)
 		if err != nil {
 			tb.Fatal(err)
@@ -395,7 +395,7 @@ func tpRun(tb testing.TB, cfg tpConfig, mode string, calls int64, run, wait time
 		}
 	}
 
-	redis0 := redisCPU(tb, admin)
+	redis0 := tpRedisCPU(tb, admin)
 	if started != nil {
 		started()
 	}
@@ -428,7 +428,7 @@ func tpRun(tb testing.TB, cfg tpConfig, mode string, calls int64, run, wait time
 		}
 	}
 	res.elapsed = time.Since(start)
-	res.redisCPU = redisCPU(tb, admin) - redis0
+	res.tpRedisCPU = tpRedisCPU(tb, admin) - redis0
 	res.calls = shared.counter(tpCalls).Load()
 	res.peak = shared.counter(tpPeak).Load()
 	res.overLimit = shared.counter(tpOverLimit).Load()
@@ -438,8 +438,8 @@ func tpRun(tb testing.TB, cfg tpConfig, mode string, calls int64, run, wait time
 	return res
 }
 
-// redisCPU is the CPU time the server has used, user plus system (INFO cpu).
-func redisCPU(tb testing.TB, admin *redis.Client) time.Duration {
+// tpRedisCPU is the CPU time the server has used, user plus system (INFO cpu).
+func tpRedisCPU(tb testing.TB, admin *redis.Client) time.Duration {
 	tb.Helper()
 	info, err := admin.Info(context.Background(), "cpu").Result()
 	if err != nil {
@@ -469,7 +469,7 @@ func tpModes(tb testing.TB) []string {
 	var modes []string
 	for m := range strings.SplitSeq(v, ",") {
 		switch m = strings.TrimSpace(m); m {
-		case modeBare, modePerCall, modeBatch:
+		case tpBare, tpPerCall, tpBatch:
 			modes = append(modes, m)
 		case "":
 		default:
@@ -512,7 +512,7 @@ func BenchmarkFleetThroughput(b *testing.B) {
 				res := tpRun(b, v.cfg, mode, int64(b.N), 0, 10*time.Minute, b.ResetTimer)
 				b.StopTimer()
 				b.Log(res)
-				if mode != modeBare && (res.peak > v.cfg.limit || res.overLimit > 0) {
+				if mode != tpBare && (res.peak > v.cfg.limit || res.overLimit > 0) {
 					b.Errorf("the cap did not hold: %d calls in flight at the dependency, limit %d (%d calls over it)",
 						res.peak, v.cfg.limit, res.overLimit)
 				}
@@ -522,10 +522,10 @@ func BenchmarkFleetThroughput(b *testing.B) {
 				worker := res.perCall(res.workerCPU)
 				b.ReportMetric(res.callsPerSecond(), "calls/s")
 				b.ReportMetric(worker, "worker-µs/call")
-				b.ReportMetric(res.perCall(res.redisCPU), "redis-µs/call")
+				b.ReportMetric(res.perCall(res.tpRedisCPU), "redis-µs/call")
 				b.ReportMetric(float64(res.peak), "peak-inflight")
 				b.ReportMetric(float64(v.cfg.limit), "limit")
-				if mode == modeBare {
+				if mode == tpBare {
 					bare = worker
 				} else if bare > 0 {
 					b.ReportMetric(worker-bare, "overhead-µs/call")
@@ -541,7 +541,7 @@ func BenchmarkFleetThroughput(b *testing.B) {
 // dependency than the limit.
 func TestFleetHoldsTheCapInEveryMode(t *testing.T) {
 	cfg := tpConfig{procs: 4, goroutines: 8, limit: 8, hold: 2 * time.Millisecond}
-	for _, mode := range []string{modePerCall} {
+	for _, mode := range []string{tpPerCall} {
 		t.Run(mode, func(t *testing.T) {
 			res := tpRun(t, cfg, mode, 0, time.Second, 20*time.Second, nil)
 			t.Log(res)
