@@ -215,7 +215,7 @@ var (
 // floorPair is acquire+release without the work: same keys, arguments and
 // reply shapes, and the client does what Acquire and Release do with them.
 func floorPair(rdb redis.UniversalClient, k protocol.Keys) func(context.Context, *protocol.Client) error {
-	acquireKeys := []string{k.State, k.Leases, k.GCRA, k.Probes}
+	acquireKeys := []string{k.State, k.Leases, k.GCRA, k.Probes, k.Wants}
 	releaseKeys := []string{k.Leases, k.Stats}
 	return func(ctx context.Context, _ *protocol.Client) error {
 		id := protocol.NewLeaseID()

@@ -28,6 +28,7 @@ type Client struct {
 	budgetKeys  []string
 	windowKeys  []string
 	publishKeys []string
+	poolKeys    []string
 }
 
 // NewClient returns a Client for d over rdb, which may be a *redis.Client, a
@@ -44,13 +45,14 @@ func NewClient(rdb redis.UniversalClient, d Dependency) (*Client, error) {
 		rdb:         rdb,
 		dep:         d,
 		keys:        k,
-		acquireKeys: []string{k.State, k.Leases, k.GCRA, k.Probes},
+		acquireKeys: []string{k.State, k.Leases, k.GCRA, k.Probes, k.Wants},
 		releaseKeys: []string{k.Leases, k.Stats},
 		probeKeys:   []string{k.Leases, k.Stats, k.State, k.Probes},
 		renewKeys:   []string{k.Leases},
 		budgetKeys:  []string{k.State, k.Stats},
 		windowKeys:  []string{k.State, k.Stats, k.Probes, k.Leases},
 		publishKeys: []string{k.State, k.Probes},
+		poolKeys:    []string{k.State, k.Leases, k.GCRA, k.Stats, k.Pools, k.Wants},
 	}, nil
 }
 
@@ -177,7 +179,7 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 		if a.JobTTL < time.Millisecond {
 			return Admission{}, fmt.Errorf("job ttl must be at least 1ms, got %v", a.JobTTL)
 		}
-		keys = []string{c.keys.State, c.keys.Leases, c.keys.GCRA, c.keys.Probes, c.keys.Job(a.JobKey)}
+		keys = []string{c.keys.State, c.keys.Leases, c.keys.GCRA, c.keys.Probes, c.keys.Wants, c.keys.Job(a.JobKey)}
 		args = append(args, a.JobVersion, a.JobTTL.Milliseconds())
 	}
 	res, err := acquireScript.Run(ctx, c.rdb, keys, args...).Slice()
@@ -303,6 +305,9 @@ func (c *Client) Forget(ctx context.Context, member string) error {
 // BudgetDecision is the answer to "may this failed job retry now?".
 type BudgetDecision struct {
 	Allowed bool
+	// Grants is how many retries this decision granted: 0 or 1 from
+	// RetryBudget, up to n from RetryBudgetN.
+	Grants int64
 	// Backoff is the policy's backoff as published now.
 	Backoff retry.Backoff
 	// Calls and Granted are the calls and retries counted in the window,
@@ -314,7 +319,22 @@ type BudgetDecision struct {
 // counts the grant or the refusal. It also returns the backoff parameters in
 // force, so a policy change applies at the next failure.
 func (c *Client) RetryBudget(ctx context.Context) (BudgetDecision, error) {
-	res, err := budgetScript.Run(ctx, c.rdb, c.budgetKeys).Slice()
+	return c.retryBudget(ctx)
+}
+
+// RetryBudgetN asks for n retries at once (a process's batch) and grants
+// what n one-at-a-time RetryBudget decisions would have granted: the
+// retries that keep the budget rule true, never more. It counts the grants
+// and the n − Grants refusals.
+func (c *Client) RetryBudgetN(ctx context.Context, n int64) (BudgetDecision, error) {
+	if n < 1 {
+		return BudgetDecision{}, fmt.Errorf("retries asked must be at least 1, got %d", n)
+	}
+	return c.retryBudget(ctx, n)
+}
+
+func (c *Client) retryBudget(ctx context.Context, args ...any) (BudgetDecision, error) {
+	res, err := budgetScript.Run(ctx, c.rdb, c.budgetKeys, args...).Slice()
 	if err != nil {
 		return BudgetDecision{}, fmt.Errorf("failed to check the retry budget for %s: %w", c.dep, err)
 	}
@@ -328,7 +348,7 @@ func (c *Client) RetryBudget(ctx context.Context) (BudgetDecision, error) {
 	case -6:
 		return BudgetDecision{}, fmt.Errorf("%s: %w", c.dep, ErrVersion)
 	}
-	if len(res) < 6 {
+	if len(res) != 6+len(args) {
 		return BudgetDecision{}, fmt.Errorf("unexpected budget reply %v", res)
 	}
 	base, _ := intAt(res, 1)
@@ -336,8 +356,18 @@ func (c *Client) RetryBudget(ctx context.Context) (BudgetDecision, error) {
 	jitter, _ := res[3].(string)
 	calls, _ := intAt(res, 4)
 	granted, _ := intAt(res, 5)
+	grants := int64(0)
+	if code == 1 {
+		grants = 1
+	}
+	if len(args) > 0 {
+		if grants, err = intAt(res, 6); err != nil {
+			return BudgetDecision{}, err
+		}
+	}
 	return BudgetDecision{
 		Allowed: code == 1,
+		Grants:  grants,
 		Backoff: retry.Backoff{
 			Base:   time.Duration(base) * time.Millisecond,
 			Max:    time.Duration(maxMS) * time.Millisecond,

@@ -103,6 +103,14 @@ type Keys struct {
 	Stats string
 	// Probes is a hash of the outcomes of the current HalfOpen epoch's probes.
 	Probes string
+	// Pools is a hash of the batching pools' records: each pool's last
+	// request id and reply (answered again to a resend) and the counter of
+	// its members (pool.lua).
+	Pools string
+	// Wants is a hash of live demand for slots: each pool's want, held
+	// slots and time, and the time of the last per-call refusal for want
+	// of a slot ("percall"), from which pool.lua computes fair shares.
+	Wants string
 	// Changes is the pub/sub channel on which the scripts announce a change
 	// of the published state ("<epoch> <state> <limit>"). It is the state
 	// key with "state" replaced by "changes" (lib.lua changes_channel).
@@ -119,6 +127,8 @@ func KeysFor(d Dependency) Keys {
 		GCRA:    p + "gcra",
 		Stats:   p + "stats",
 		Probes:  p + "probes",
+		Pools:   p + "pools",
+		Wants:   p + "wants",
 		Changes: p + "changes",
 		prefix:  p,
 	}
@@ -154,6 +164,7 @@ var (
 	readScript      = script("read")
 	supersedeScript = script("supersede")
 	forgetScript    = script("forget")
+	poolScript      = script("pool")
 	noopScript      = func() *redis.Script {
 		body, err := luaFS.ReadFile("lua/noop.lua")
 		if err != nil {

@@ -128,6 +128,16 @@ class Keys:
         return self.prefix + "probes"
 
     @property
+    def pools(self) -> str:
+        """Batching pools' records (request ids, replies, member counters)."""
+        return self.prefix + "pools"
+
+    @property
+    def wants(self) -> str:
+        """Live demand for slots: batching pools' wants and per-call refusals."""
+        return self.prefix + "wants"
+
+    @property
     def changes(self) -> str:
         """The pub/sub channel that announces changes of the published state."""
         return self.prefix + "changes"
@@ -219,7 +229,7 @@ class Client:
         self.rdb = rdb
         self.keys = Keys.of(self.dep)
         k = self.keys
-        self._acquire_keys = [k.state, k.leases, k.gcra, k.probes]
+        self._acquire_keys = [k.state, k.leases, k.gcra, k.probes, k.wants]
         self._release_keys = [k.leases, k.stats]
         self._probe_keys = [k.leases, k.stats, k.state, k.probes]
 

@@ -23,6 +23,8 @@ def test_keys_carry_the_version_and_the_hash_tag():
     assert k.state == "spillway:v4:{shop/payments}:state"
     assert k.leases == "spillway:v4:{shop/payments}:leases"
     assert k.job("order-42") == "spillway:v4:{shop/payments}:job:order-42"
+    assert k.pools == "spillway:v4:{shop/payments}:pools"
+    assert k.wants == "spillway:v4:{shop/payments}:wants"
 
 
 @pytest.mark.parametrize("bad", ["nons", "Shop/x", "shop/", "/x", "shop/x_y", "a{b/c"])
@@ -44,8 +46,10 @@ def test_acquire_admits_up_to_the_limit_then_throttles(rdb, dep):
     t = c.acquire("l3", 5000)
     assert (t.code, t.held, t.limit) == (P.REFUSED_THROTTLED, 2, 2)
     assert 0 < t.wait_ms <= 5000
-    assert rdb.zscore(c.keys.leases, "l3") is None, "a refusal writes nothing"
+    assert rdb.zscore(c.keys.leases, "l3") is None, "a refusal takes no lease"
     assert c.live_leases() == 2
+    # A slot refusal records per-call demand, which batching pools count.
+    assert abs(int(rdb.hget(c.keys.wants, "percall")) - t.now_ms) <= 1
 
 
 def test_open_rate_and_superseded_refusals(rdb, dep):

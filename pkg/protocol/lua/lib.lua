@@ -14,6 +14,13 @@ local function changes_channel(state_key)
   return string.sub(state_key, 1, -6) .. 'changes'
 end
 
+-- Announces a change of the published state on the dependency's changes
+-- channel: '<epoch> <state> <limit>'. Processes that batch slots shrink or
+-- drop their pools on it without waiting for their next refresh.
+local function announce_change(state_key, epoch, state, limit)
+  redis.call('PUBLISH', changes_channel(state_key), epoch .. ' ' .. state .. ' ' .. limit)
+end
+
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])

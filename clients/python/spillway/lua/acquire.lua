@@ -1,5 +1,6 @@
 -- acquire: admit one call, or say why not.
--- KEYS[1] state  KEYS[2] leases  KEYS[3] gcra  KEYS[4] probes  [KEYS[5] job]
+-- KEYS[1] state  KEYS[2] leases  KEYS[3] gcra  KEYS[4] probes  KEYS[5] wants
+-- [KEYS[6] job]
 -- ARGV[1] lease id  ARGV[2] lease ttl ms  ARGV[3] deadline ms (Redis time, 0
 -- for none)  [ARGV[4] job version  ARGV[5] job ttl ms]
 -- Returns {code, ..., now ms}: 0 admitted {0, epoch, limit, state, now}, the
@@ -56,8 +57,8 @@ end
 
 if deadline > 0 and now_ms > deadline then return {7, now_ms} end
 
-if KEYS[5] then
-  local newest = redis.call('GET', KEYS[5])
+if KEYS[6] then
+  local newest = redis.call('GET', KEYS[6])
   if newest and tonumber(newest) > tonumber(ARGV[4]) then return {4, newest, now_ms} end
 end
 
@@ -103,6 +104,9 @@ else
   -- sweep spares the encoding member, scored -inf (see the ZADD below).
   held = redis.call('ZCOUNT', KEYS[2], '(' .. now_key, '+inf')
   if held >= limit then
+    -- Per-call demand: batching pools (pool.lua) count it as one contender
+    -- for a fair share, and give back idle slots above their share.
+    redis.call('HSET', KEYS[5], 'percall', now_key)
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '(-inf', now_key)
     local first = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now_key, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     local wait = 0
@@ -143,8 +147,8 @@ if held == 0 then
 else
   redis.call('ZADD', KEYS[2], 'NX', expiry, ARGV[1])
 end
-if KEYS[5] then
-  redis.call('SET', KEYS[5], ARGV[4], 'PX', ARGV[5])
+if KEYS[6] then
+  redis.call('SET', KEYS[6], ARGV[4], 'PX', ARGV[5])
 end
 -- A call the dead-man rule admitted answers Open, a stale HalfOpen's too: it
 -- is not a probe (probes.admitted did not count it), and clients pass the

@@ -1,8 +1,22 @@
 -- budget: may this failed job retry now? Counts the grant or the refusal.
--- KEYS[1] state  KEYS[2] stats
+-- KEYS[1] state  KEYS[2] stats  [ARGV[1] n: grant up to n retries at once]
 -- Returns {allowed 0|1, backoff base ms, backoff max ms, jitter, calls, granted}
--- or {-5} when no policy is published. The rule is retry.AllowsPPM:
+-- (with n: {allowed, …, granted, how many of the n were granted}) or {-5}
+-- when no policy is published. The rule is retry.AllowsPPM:
 -- granted × 1e6 < max(minRetries × 1e6, ratioPPM × calls) over the window.
+-- n asked at once get what n one-at-a-time decisions would: the grants
+-- while granted + i stays under the bound, and the rest refused.
+-- How many of n one-at-a-time decisions would grant, the grants before them
+-- being granted: those with granted + i < bound / 1e6 (i = 0 … n-1). c is
+-- the least count with c × 1e6 >= bound; the division's rounding is
+-- corrected with exact products (below 2^53).
+local function budget_grants(granted, bound, n)
+  local c = math.ceil(bound / 1000000)
+  if (c - 1) * 1000000 >= bound then c = c - 1 end
+  if c * 1000000 < bound then c = c + 1 end
+  return math.max(0, math.min(n, c - granted))
+end
+
 local st = redis.call('HMGET', KEYS[1], 'version', 'budget_ratio_ppm',
   'budget_min_retries', 'budget_window_s', 'backoff_base_ms', 'backoff_max_ms',
   'jitter', 'stats_retention_s')
@@ -27,8 +41,19 @@ prune(KEYS[2], now_s, math.floor(tonumber(st[8]) or 3660))
 
 local ratio_ppm = math.floor(tonumber(st[2]))
 local min_retries = math.floor(tonumber(st[3]))
-local allowed = granted * 1000000 < math.max(min_retries * 1000000, ratio_ppm * calls)
-if redis.call('HINCRBY', KEYS[2], p .. (allowed and 'g' or 'b'), 1) == 1 then
-  keep_stats(KEYS[2], now_s, true) -- pruned above
+local bound = math.max(min_retries * 1000000, ratio_ppm * calls)
+local n = tonumber(ARGV[1])
+if not n then
+  local allowed = granted * 1000000 < bound
+  if redis.call('HINCRBY', KEYS[2], p .. (allowed and 'g' or 'b'), 1) == 1 then
+    keep_stats(KEYS[2], now_s, true) -- pruned above
+  end
+  return {allowed and 1 or 0, tonumber(st[5]), tonumber(st[6]), st[7], calls, granted}
 end
-return {allowed and 1 or 0, tonumber(st[5]), tonumber(st[6]), st[7], calls, granted}
+n = math.max(1, math.floor(n))
+local grants = budget_grants(granted, bound, n)
+local fresh = false
+if grants > 0 then fresh = redis.call('HINCRBY', KEYS[2], p .. 'g', grants) == grants end
+if n > grants and redis.call('HINCRBY', KEYS[2], p .. 'b', n - grants) == n - grants then fresh = true end
+if fresh then keep_stats(KEYS[2], now_s, true) end -- pruned above
+return {grants > 0 and 1 or 0, tonumber(st[5]), tonumber(st[6]), st[7], calls, granted, grants}
