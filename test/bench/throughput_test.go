@@ -107,6 +107,10 @@ type tpResult struct {
 	refused         map[string]int64
 	workerCPU       time.Duration
 	tpRedisCPU      time.Duration
+	// redisCommands is how many commands the server processed over the
+	// run (INFO stats), so a figure per call says how many round trips a
+	// call cost.
+	redisCommands int64
 }
 
 func (r tpResult) callsPerSecond() float64 { return float64(r.calls) / r.elapsed.Seconds() }
@@ -116,13 +120,17 @@ func (r tpResult) perCall(d time.Duration) float64 {
 	if r.calls == 0 {
 		return 0
 	}
-	return float64(d.Microseconds()) / float64(r.calls)
+	return float64(d.Nanoseconds()) / 1e3 / float64(r.calls)
 }
 
 func (r tpResult) String() string {
-	return fmt.Sprintf("%s: %d calls in %v (%.0f calls/s), worker CPU %.2f µs/call, Redis CPU %.2f µs/call, peak in flight %d, over the limit %d, refused %v",
+	var commands float64
+	if r.calls > 0 {
+		commands = float64(r.redisCommands) / float64(r.calls)
+	}
+	return fmt.Sprintf("%s: %d calls in %v (%.0f calls/s), worker CPU %.2f µs/call, Redis CPU %.2f µs/call, Redis commands %.3f/call, peak in flight %d, over the limit %d, refused %v",
 		r.mode, r.calls, r.elapsed.Round(time.Millisecond), r.callsPerSecond(), r.perCall(r.workerCPU), r.perCall(r.tpRedisCPU),
-		r.peak, r.overLimit, r.refused)
+		commands, r.peak, r.overLimit, r.refused)
 }
 
 // tpOptions are the guard's options in mode. Calls wait for a slot, as a
@@ -183,7 +191,11 @@ func tpWorker(stdin io.Reader, stdout io.Writer) error {
 	}
 	defer shared.close()
 
-	// The dependency: every call counted in flight across the fleet.
+	// The dependency: every call counted in flight across the fleet, and
+	// against the limit only when a guard keeps one.
+	if mode == tpBare {
+		limit = 0
+	}
 	call := func(context.Context) error {
 		shared.enter(limit)
 		if hold > 0 {
@@ -395,7 +407,7 @@ func tpRun(tb testing.TB, cfg tpConfig, mode string, calls int64, run, wait time
 		}
 	}
 
-	redis0 := tpRedisCPU(tb, admin)
+	redis0, commands0 := tpRedisCPU(tb, admin), tpRedisCommands(tb, admin)
 	if started != nil {
 		started()
 	}
@@ -429,6 +441,7 @@ func tpRun(tb testing.TB, cfg tpConfig, mode string, calls int64, run, wait time
 	}
 	res.elapsed = time.Since(start)
 	res.tpRedisCPU = tpRedisCPU(tb, admin) - redis0
+	res.redisCommands = tpRedisCommands(tb, admin) - commands0 // and the harness's own INFOs, a few
 	res.calls = shared.counter(tpCalls).Load()
 	res.peak = shared.counter(tpPeak).Load()
 	res.overLimit = shared.counter(tpOverLimit).Load()
@@ -457,6 +470,27 @@ func tpRedisCPU(tb testing.TB, admin *redis.Client) time.Duration {
 		}
 	}
 	return time.Duration(total * float64(time.Second))
+}
+
+// tpRedisCommands is the number of commands the server has processed (INFO
+// stats total_commands_processed), the INFO that asks included.
+func tpRedisCommands(tb testing.TB, admin *redis.Client) int64 {
+	tb.Helper()
+	info, err := admin.Info(context.Background(), "stats").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				tb.Fatalf("INFO stats total_commands_processed: %v", err)
+			}
+			return n
+		}
+	}
+	tb.Fatal("INFO stats has no total_commands_processed")
+	return 0
 }
 
 // tpModes are the modes to measure: SPILLWAY_BENCH_MODES, or the defaults.
