@@ -24,26 +24,49 @@ import (
 // deadline that ends the wait for a slot returns the refusal being waited
 // out. The Permit renews its lease for at most Options.MaxCallLifetime.
 func (g *Guard) Acquire(ctx context.Context, job Job) (*Permit, error) {
-	return g.acquire(ctx, job, true)
+	return g.admit(ctx, job, true)
 }
 
-// acquire is Acquire; bounded limits the Permit's renewals to
+// admit is Acquire; bounded limits the Permit's renewals to
 // MaxCallLifetime, for a Permit whose holder may never end it. Do ends every
-// Permit it takes, so its Permits renew for as long as the call runs.
-func (g *Guard) acquire(ctx context.Context, job Job, bounded bool) (*Permit, error) {
-	if err := ctx.Err(); err != nil {
+// Permit it takes, so its Permits renew for as long as the call runs. In
+// batch mode a call without a job key takes a slot of the local pool,
+// unless the pool sends it per call.
+func (g *Guard) admit(ctx context.Context, job Job, bounded bool) (*Permit, error) {
+	if err := g.check(ctx, job); err != nil {
 		return nil, err
 	}
+	if g.pool != nil && job.Key == "" {
+		p, perCall, err := g.pool.admit(ctx, job, bounded)
+		if !perCall {
+			return p, err
+		}
+	}
+	return g.acquire(ctx, job, bounded)
+}
+
+// check refuses a call before anything else: the caller gave up, bad input,
+// or a job past its deadline.
+func (g *Guard) check(ctx context.Context, job Job) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if job.Attempt < 0 {
-		return nil, fmt.Errorf("job attempt must not be negative, got %d", job.Attempt)
+		return fmt.Errorf("job attempt must not be negative, got %d", job.Attempt)
 	}
 	if !job.Deadline.IsZero() && !g.opts.Clock.Now().Before(job.Deadline) {
 		g.metrics.stale.Inc()
-		return nil, &Error{Action: ActionDrop, Reason: ErrStale}
+		return &Error{Action: ActionDrop, Reason: ErrStale}
 	}
 	if job.Key != "" && (job.Version < 0 || job.Version > protocol.MaxJobVersion) {
-		return nil, fmt.Errorf("job version must be in [0, 2^53), got %d", job.Version)
+		return fmt.Errorf("job version must be in [0, 2^53), got %d", job.Version)
 	}
+	return nil
+}
+
+// acquire admits a call per call: one acquisition round trip (or more,
+// waiting for a slot).
+func (g *Guard) acquire(ctx context.Context, job Job, bounded bool) (*Permit, error) {
 	args := protocol.AcquireArgs{
 		TTL:        g.opts.LeaseTTL,
 		JobKey:     job.Key,

@@ -124,6 +124,11 @@ type Options struct {
 	// Clock is the clock a job's deadline is compared with. Default
 	// clock.System.
 	Clock clock.Clock
+	// Batch turns on batch mode, for high call rates: slots, rate tokens
+	// and retries are leased from the fleet in batches and outcomes
+	// reported aggregated, so that most calls make no round trip (see
+	// BatchOptions). Off by default.
+	Batch BatchOptions
 }
 
 // Guard enforces one dependency's fleet-wide limits. It is safe for
@@ -139,6 +144,9 @@ type Guard struct {
 
 	clock  *redisClock
 	forget *forgetter
+	// pool and budget are batch mode's (Options.Batch); nil when it is off.
+	pool   *pool
+	budget *retryStock
 
 	mu       sync.Mutex
 	lastSeen retry.Backoff
@@ -182,6 +190,10 @@ func New(rdb redis.UniversalClient, dependency string, opts Options) (*Guard, er
 	g.lastSeen = g.fallback
 	if opts.FailOpenLimit > 0 {
 		g.local = make(chan struct{}, opts.FailOpenLimit)
+	}
+	if opts.Batch.Enabled {
+		g.budget = &retryStock{g: g}
+		g.pool = newPool(g)
 	}
 	return g, nil
 }
@@ -230,6 +242,10 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Clock == nil {
 		o.Clock = clock.System{}
 	}
+	var err error
+	if o.Batch, err = o.Batch.withDefaults(o.LeaseTTL); err != nil {
+		return o, err
+	}
 	return o, nil
 }
 
@@ -257,10 +273,15 @@ func checkClient(rdb redis.UniversalClient) error {
 // reply was never read (see Options.RedisTimeout). It first makes one
 // attempt to forget each lease still waiting, for at most 1s (a round trip
 // each while Redis answers); those it could not forget expire with their
-// TTL. Permits already admitted keep renewing until Done. Call it when the
-// guard is no longer used, before the process exits; it is safe to call more
-// than once.
+// TTL. Permits already admitted keep renewing until Done. In batch mode it
+// first sends the pool's last report and returns its idle slots, within 1s
+// more; the slots of calls still running go back as they end, and calls
+// after Close go per call. Call it when the guard is no longer used, before
+// the process exits; it is safe to call more than once.
 func (g *Guard) Close() {
+	if g.pool != nil {
+		g.pool.close()
+	}
 	g.forget.close()
 }
 
@@ -292,7 +313,7 @@ func (g *Guard) Do(ctx context.Context, job Job, fn func(context.Context) error)
 	if fn == nil {
 		return errors.New("function must not be nil")
 	}
-	p, err := g.acquire(ctx, job, false) // Do ends the Permit: no lifetime
+	p, err := g.admit(ctx, job, false) // Do ends the Permit: no lifetime
 	if err != nil {
 		return err
 	}

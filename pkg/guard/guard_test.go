@@ -104,39 +104,45 @@ func wantDecision(t *testing.T, err error, action guard.Action, reason error) ti
 }
 
 func TestDoReportsOneCallPerRun(t *testing.T) {
-	g := NewWithT(t)
-	rdb := fastClient(redistest.Start(t))
-	publish(t, rdb, defaultPublished(5))
-	gd := newGuard(t, rdb, guard.Options{})
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		publish(t, rdb, defaultPublished(5))
+		gd := newGuard(t, rdb, guard.Options{Batch: batch})
 
-	g.Expect(gd.Do(t.Context(), guard.Job{Attempt: 1}, ok)).To(Succeed())
-	g.Expect(gd.Do(t.Context(), guard.Job{Attempt: 3}, ok)).To(Succeed())
-	w := window(t, rdb)
-	g.Expect(w.Calls).To(Equal(int64(2)))
-	g.Expect(w.Successes).To(Equal(int64(2)))
-	g.Expect(w.ByAttempt).To(Equal([4]int64{1, 0, 1, 0}))
-	g.Expect(rdb.ZCount(t.Context(), protocol.KeysFor(gd.Dependency()).Leases, "(-inf", "+inf").Val()).To(BeZero(), "every lease released")
+		g.Expect(gd.Do(t.Context(), guard.Job{Attempt: 1}, ok)).To(Succeed())
+		g.Expect(gd.Do(t.Context(), guard.Job{Attempt: 3}, ok)).To(Succeed())
+		gd.Close() // batch mode reports aggregated: Close flushes the report
+		w := window(t, rdb)
+		g.Expect(w.Calls).To(Equal(int64(2)))
+		g.Expect(w.Successes).To(Equal(int64(2)))
+		g.Expect(w.ByAttempt).To(Equal([4]int64{1, 0, 1, 0}))
+		g.Expect(rdb.ZCount(t.Context(), protocol.KeysFor(gd.Dependency()).Leases, "(-inf", "+inf").Val()).To(BeZero(), "every lease released")
+	})
 }
 
 func TestThrottledRefusalConsumesNothing(t *testing.T) {
-	g := NewWithT(t)
-	rdb := fastClient(redistest.Start(t))
-	publish(t, rdb, defaultPublished(1))
-	reg := prometheus.NewRegistry()
-	gd := newGuard(t, rdb, guard.Options{Registerer: reg})
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		publish(t, rdb, defaultPublished(1))
+		reg := prometheus.NewRegistry()
+		gd := newGuard(t, rdb, guard.Options{Registerer: reg, Batch: batch})
 
-	held, err := gd.Acquire(t.Context(), guard.Job{})
-	g.Expect(err).NotTo(HaveOccurred())
-	called := false
-	err = gd.Do(t.Context(), guard.Job{Attempt: 2}, func(context.Context) error { called = true; return nil })
-	after := wantDecision(t, err, guard.ActionDefer, guard.ErrThrottled)
-	g.Expect(called).To(BeFalse())
-	g.Expect(after).To(BeNumerically(">", 0), "a throttled refusal hints when the first lease expires")
-	g.Expect(held.Done(nil)).To(Succeed())
+		held, err := gd.Acquire(t.Context(), guard.Job{})
+		g.Expect(err).NotTo(HaveOccurred())
+		called := false
+		err = gd.Do(t.Context(), guard.Job{Attempt: 2}, func(context.Context) error { called = true; return nil })
+		after := wantDecision(t, err, guard.ActionDefer, guard.ErrThrottled)
+		g.Expect(called).To(BeFalse())
+		g.Expect(after).To(BeNumerically(">", 0), "a throttled refusal hints when the first lease expires")
+		g.Expect(held.Done(nil)).To(Succeed())
 
-	w := window(t, rdb)
-	g.Expect(w.Calls).To(Equal(int64(1)), "the refused acquisition is not a call")
-	g.Expect(testutil.ToFloat64(counter(t, reg, "spillway_worker_throttled_total", "reason", "slots"))).To(Equal(1.0))
+		gd.Close()
+		w := window(t, rdb)
+		g.Expect(w.Calls).To(Equal(int64(1)), "the refused acquisition is not a call")
+		g.Expect(testutil.ToFloat64(counter(t, reg, "spillway_worker_throttled_total", "reason", "slots"))).To(Equal(1.0))
+	})
 }
 
 func TestWaitForSlotIsBoundedByContext(t *testing.T) {
@@ -167,39 +173,43 @@ func TestWaitForSlotIsBoundedByContext(t *testing.T) {
 }
 
 func TestOpenBreakerFailsFast(t *testing.T) {
-	g := NewWithT(t)
-	rdb := fastClient(redistest.Start(t))
-	p := defaultPublished(0)
-	p.State = wire.Open
-	p.OpenUntil = time.Now().Add(5 * time.Second)
-	publish(t, rdb, p)
-	gd := newGuard(t, rdb, guard.Options{WaitForSlot: true})
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		p := defaultPublished(0)
+		p.State = wire.Open
+		p.OpenUntil = time.Now().Add(5 * time.Second)
+		publish(t, rdb, p)
+		gd := newGuard(t, rdb, guard.Options{WaitForSlot: true, Batch: batch})
 
-	called := false
-	start := time.Now()
-	err := gd.Do(t.Context(), guard.Job{}, func(context.Context) error { called = true; return nil })
-	after := wantDecision(t, err, guard.ActionDefer, guard.ErrOpen)
-	g.Expect(called).To(BeFalse())
-	g.Expect(time.Since(start)).To(BeNumerically("<", 100*time.Millisecond), "open fails fast even when waiting for slots")
-	g.Expect(after).To(BeNumerically("~", 6*time.Second, 1600*time.Millisecond), "no earlier than the probes, jittered up to half again")
+		called := false
+		start := time.Now()
+		err := gd.Do(t.Context(), guard.Job{}, func(context.Context) error { called = true; return nil })
+		after := wantDecision(t, err, guard.ActionDefer, guard.ErrOpen)
+		g.Expect(called).To(BeFalse())
+		g.Expect(time.Since(start)).To(BeNumerically("<", 100*time.Millisecond), "open fails fast even when waiting for slots")
+		g.Expect(after).To(BeNumerically("~", 6*time.Second, 1600*time.Millisecond), "no earlier than the probes, jittered up to half again")
+	})
 }
 
 func TestHalfOpenAdmitsOnlyProbes(t *testing.T) {
-	g := NewWithT(t)
-	rdb := fastClient(redistest.Start(t))
-	p := defaultPublished(3)
-	p.State = wire.HalfOpen
-	p.Capacity = 40
-	publish(t, rdb, p)
-	gd := newGuard(t, rdb, guard.Options{})
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		p := defaultPublished(3)
+		p.State = wire.HalfOpen
+		p.Capacity = 40
+		publish(t, rdb, p)
+		gd := newGuard(t, rdb, guard.Options{Batch: batch})
 
-	for range 3 {
+		for range 3 {
+			_, err := gd.Acquire(t.Context(), guard.Job{})
+			g.Expect(err).NotTo(HaveOccurred())
+		}
 		_, err := gd.Acquire(t.Context(), guard.Job{})
-		g.Expect(err).NotTo(HaveOccurred())
-	}
-	_, err := gd.Acquire(t.Context(), guard.Job{})
-	after := wantDecision(t, err, guard.ActionDefer, guard.ErrThrottled)
-	g.Expect(after).To(BeNumerically(">=", 100*time.Millisecond), "every probe was admitted: wait for the controller, do not spin")
+		after := wantDecision(t, err, guard.ActionDefer, guard.ErrThrottled)
+		g.Expect(after).To(BeNumerically(">=", 100*time.Millisecond), "every probe was admitted: wait for the controller, do not spin")
+	})
 }
 
 func TestStaleJobsAreDroppedBeforeAnyCall(t *testing.T) {
@@ -245,33 +255,36 @@ func TestSupersededJobsRunOnlyTheNewest(t *testing.T) {
 }
 
 func TestRetryBudgetParksOverBudget(t *testing.T) {
-	g := NewWithT(t)
-	rdb := fastClient(redistest.Start(t))
-	p := defaultPublished(5)
-	p.Budget = retry.Budget{Ratio: 0.2, MinRetries: 2, Window: time.Minute}
-	publish(t, rdb, p)
-	reg := prometheus.NewRegistry()
-	gd := newGuard(t, rdb, guard.Options{Registerer: reg})
-	boom := errors.New("503 from template-api")
-	fail := func(context.Context) error { return boom }
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		p := defaultPublished(5)
+		p.Budget = retry.Budget{Ratio: 0.2, MinRetries: 2, Window: time.Minute}
+		publish(t, rdb, p)
+		reg := prometheus.NewRegistry()
+		gd := newGuard(t, rdb, guard.Options{Registerer: reg, Batch: batch})
+		boom := errors.New("503 from template-api")
+		fail := func(context.Context) error { return boom }
 
-	// granted < max(2, 0.2 × calls): the first two failures may retry.
-	for i := range 2 {
+		// granted < max(2, 0.2 × calls): the first two failures may retry.
+		for i := range 2 {
+			err := gd.Do(t.Context(), guard.Job{Attempt: 1}, fail)
+			after := wantDecision(t, err, guard.ActionRetry, guard.ErrFailed)
+			g.Expect(errors.Is(err, boom)).To(BeTrue(), "the cause is kept")
+			g.Expect(after).To(BeNumerically("<=", 100*time.Millisecond), "retry %d: full jitter under the first ceiling", i)
+		}
 		err := gd.Do(t.Context(), guard.Job{Attempt: 1}, fail)
-		after := wantDecision(t, err, guard.ActionRetry, guard.ErrFailed)
-		g.Expect(errors.Is(err, boom)).To(BeTrue(), "the cause is kept")
-		g.Expect(after).To(BeNumerically("<=", 100*time.Millisecond), "retry %d: full jitter under the first ceiling", i)
-	}
-	err := gd.Do(t.Context(), guard.Job{Attempt: 1}, fail)
-	after := wantDecision(t, err, guard.ActionPark, guard.ErrBudgetExhausted)
-	g.Expect(after).To(BeNumerically(">=", time.Second))
-	g.Expect(after).To(BeNumerically("<=", 2*time.Second))
-	g.Expect(testutil.ToFloat64(counter(t, reg, "spillway_worker_budget_refusals_total"))).To(Equal(1.0))
+		after := wantDecision(t, err, guard.ActionPark, guard.ErrBudgetExhausted)
+		g.Expect(after).To(BeNumerically(">=", time.Second))
+		g.Expect(after).To(BeNumerically("<=", 2*time.Second))
+		g.Expect(testutil.ToFloat64(counter(t, reg, "spillway_worker_budget_refusals_total"))).To(Equal(1.0))
 
-	w := window(t, rdb)
-	g.Expect(w.Failures).To(Equal(int64(3)))
-	g.Expect(w.RetriesGranted).To(Equal(int64(2)))
-	g.Expect(w.BudgetRefused).To(Equal(int64(1)))
+		gd.Close()
+		w := window(t, rdb)
+		g.Expect(w.Failures).To(Equal(int64(3)))
+		g.Expect(w.RetriesGranted).To(Equal(int64(2)))
+		g.Expect(w.BudgetRefused).To(Equal(int64(1)))
+	})
 }
 
 func TestBackoffComesFromRedisAtEachFailure(t *testing.T) {

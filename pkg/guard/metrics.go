@@ -24,6 +24,8 @@ type metrics struct {
 	unreadLeases map[unreadResult]prometheus.Counter
 	slotWait     prometheus.Observer
 	inFlight     prometheus.Gauge
+	batchSlots   prometheus.Gauge
+	batchLocal   prometheus.Gauge
 }
 
 // unreadResult is what became of a lease whose reply was never read.
@@ -65,6 +67,15 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 		Help: "Calls admitted and not yet finished, fail-open admissions included.",
 	}, []string{"dependency"})
 
+	batchSlots := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "spillway", Subsystem: "worker", Name: "batch_slots",
+		Help: "Batch mode: fleet slots the process holds in its local pool, idle or in use.",
+	}, []string{"dependency"})
+	batchLocal := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "spillway", Subsystem: "worker", Name: "batch_local",
+		Help: "Batch mode: 1 while calls take slots from the local pool, 0 while they go per call (HalfOpen, Open, the dead-man rule, Redis unreachable, a rate limit too low to batch).",
+	}, []string{"dependency"})
+
 	vecs := []**prometheus.CounterVec{&calls, &throttled, &stale, &superseded, &budget, &retries, &redisErrors, &leaseLost, &failOpen, &unread}
 	for _, v := range vecs {
 		var err error
@@ -76,8 +87,10 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	if inFlight, err = register(reg, inFlight); err != nil {
-		return nil, err
+	for _, v := range []**prometheus.GaugeVec{&inFlight, &batchSlots, &batchLocal} {
+		if *v, err = register(reg, *v); err != nil {
+			return nil, err
+		}
 	}
 	m := &metrics{
 		calls:        map[protocol.Outcome][4]prometheus.Counter{},
@@ -92,6 +105,8 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 		unreadLeases: map[unreadResult]prometheus.Counter{},
 		slotWait:     wait.WithLabelValues(dep),
 		inFlight:     inFlight.WithLabelValues(dep),
+		batchSlots:   batchSlots.WithLabelValues(dep),
+		batchLocal:   batchLocal.WithLabelValues(dep),
 	}
 	for _, r := range []unreadResult{unreadQueued, unreadForgotten, unreadExpired, unreadDropped} {
 		m.unreadLeases[r] = unread.WithLabelValues(dep, string(r))

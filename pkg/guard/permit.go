@@ -23,6 +23,9 @@ type Permit struct {
 	probeEpoch int64
 	limit      int64
 	local      bool
+	// slot and pool: a call on a slot of the batch mode's local pool.
+	slot *poolSlot
+	pool *pool
 
 	mu      sync.Mutex
 	done    bool
@@ -65,6 +68,37 @@ func (g *Guard) newLocalPermit(ctx context.Context, job Job) *Permit {
 	p.ctx, p.cancel = context.WithCancelCause(WithAttempt(ctx, job.attempt()))
 	g.metrics.inFlight.Inc()
 	return p
+}
+
+// admit completes the Permit of a call admitted on a pool slot (batch
+// mode): the pool renews the slot, so a Permit from Acquire has only its
+// lifetime to watch.
+func (p *Permit) admit(start time.Time, bounded bool) *Permit {
+	g := p.g
+	p.admitted = time.Now()
+	g.metrics.inFlight.Inc()
+	g.metrics.slotWait.Observe(p.admitted.Sub(start).Seconds())
+	if bounded {
+		p.mu.Lock()
+		p.endOfLife = p.admitted.Add(g.opts.MaxCallLifetime)
+		p.renewer = time.AfterFunc(g.opts.MaxCallLifetime, p.lifetimeOver)
+		p.mu.Unlock()
+	}
+	return p
+}
+
+// lifetimeOver cuts a call on a pool slot at MaxCallLifetime: its context is
+// cancelled and its slot leaves the pool without being returned, so that it
+// expires within the lease TTL, as a per-call lease that stops renewing.
+func (p *Permit) lifetimeOver() {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done {
+		return
+	}
+	p.cancel(ErrLifetimeExceeded)
+	p.pool.retire(p.slot)
 }
 
 // Context is the context the call should run under: it carries the attempt
@@ -250,6 +284,12 @@ func (p *Permit) release(outcome protocol.Outcome) {
 		<-g.local
 		return
 	}
+	if p.slot != nil {
+		// The slot goes back to the pool and the outcome into its next
+		// report: no round trip.
+		p.pool.put(p.slot, outcome, p.job.attempt(), time.Since(p.admitted))
+		return
+	}
 	ctx, cancel := g.redisContext(context.WithoutCancel(p.ctx))
 	_, err := g.proto.ReleaseTimed(ctx, p.member, p.probeEpoch, outcome, p.job.attempt(), time.Since(p.admitted))
 	cancel()
@@ -264,23 +304,21 @@ func (p *Permit) release(outcome protocol.Outcome) {
 // decideRetry asks the fleet's retry budget whether a failed job may retry,
 // and when.
 func (g *Guard) decideRetry(ctx context.Context, job Job, callErr error) error {
-	rctx, cancel := g.redisContext(context.WithoutCancel(ctx))
-	decision, err := g.proto.RetryBudget(rctx)
-	cancel()
+	var allowed bool
+	var err error
+	if g.budget != nil {
+		allowed, err = g.budget.take(ctx)
+	} else {
+		allowed, err = g.budgetOnce(ctx)
+	}
 	if err != nil {
 		// Without Redis the budget is unknown: park rather than pile on.
 		g.metrics.redisErrors.Inc()
 		g.metrics.budgetRefuse.Inc()
 		return &Error{Action: ActionPark, Reason: ErrBudgetExhausted, After: retry.Park(g.backoff(), g.rnd), Cause: callErr}
 	}
-	b := decision.Backoff
-	if b.Validate() != nil {
-		b = g.fallback
-	}
-	g.mu.Lock()
-	g.lastSeen = b
-	g.mu.Unlock()
-	if !decision.Allowed {
+	b := g.backoff()
+	if !allowed {
 		g.metrics.budgetRefuse.Inc()
 		return &Error{Action: ActionPark, Reason: ErrBudgetExhausted, After: retry.Park(b, g.rnd), Cause: callErr}
 	}
@@ -291,6 +329,29 @@ func (g *Guard) decideRetry(ctx context.Context, job Job, callErr error) error {
 		after = max(after, retry.RetryAfter(ra.after, g.rnd))
 	}
 	return &Error{Action: ActionRetry, Reason: ErrFailed, After: after, Cause: callErr}
+}
+
+// budgetOnce asks the fleet's retry budget for one retry, in one round trip.
+func (g *Guard) budgetOnce(ctx context.Context) (bool, error) {
+	rctx, cancel := g.redisContext(context.WithoutCancel(ctx))
+	decision, err := g.proto.RetryBudget(rctx)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	g.sawBackoff(decision.Backoff)
+	return decision.Allowed, nil
+}
+
+// sawBackoff keeps the backoff a budget decision read, or the default when
+// it is not valid.
+func (g *Guard) sawBackoff(b retry.Backoff) {
+	if b.Validate() != nil {
+		b = g.fallback
+	}
+	g.mu.Lock()
+	g.lastSeen = b
+	g.mu.Unlock()
 }
 
 // backoff is the backoff last read from Redis, or the default before any.
