@@ -72,7 +72,7 @@ const (
 )
 
 // tpDefaultModes are the modes measured when SPILLWAY_BENCH_MODES is unset.
-var tpDefaultModes = []string{tpBare, tpPerCall}
+var tpDefaultModes = []string{tpBare, tpPerCall, tpBatch}
 
 // tpConfig is one fleet.
 type tpConfig struct {
@@ -139,6 +139,8 @@ func tpOptions(mode string) (guard.Options, error) {
 	switch mode {
 	case tpPerCall:
 		return guard.Options{WaitForSlot: true}, nil
+	case tpBatch:
+		return guard.Options{WaitForSlot: true, Batch: guard.BatchOptions{Enabled: true}}, nil
 	}
 	return guard.Options{}, fmt.Errorf("no guard in mode %q", mode)
 }
@@ -575,7 +577,7 @@ func BenchmarkFleetThroughput(b *testing.B) {
 // dependency than the limit.
 func TestFleetHoldsTheCapInEveryMode(t *testing.T) {
 	cfg := tpConfig{procs: 4, goroutines: 8, limit: 8, hold: 2 * time.Millisecond}
-	for _, mode := range []string{tpPerCall} {
+	for _, mode := range []string{tpPerCall, tpBatch} {
 		t.Run(mode, func(t *testing.T) {
 			res := tpRun(t, cfg, mode, 0, time.Second, 20*time.Second, nil)
 			t.Log(res)
