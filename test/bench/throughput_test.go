@@ -21,14 +21,17 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -107,10 +110,10 @@ type tpResult struct {
 	refused         map[string]int64
 	workerCPU       time.Duration
 	tpRedisCPU      time.Duration
-	// redisCommands is how many commands the server processed over the
-	// run (INFO stats), so a figure per call says how many round trips a
-	// call cost.
-	redisCommands int64
+	// commands are the commands the server ran over the run, by name
+	// (INFO commandstats), so a figure per call says how many round trips
+	// a call cost and which ones take the server's time.
+	commands map[string]tpCommandStat
 }
 
 func (r tpResult) callsPerSecond() float64 { return float64(r.calls) / r.elapsed.Seconds() }
@@ -124,13 +127,18 @@ func (r tpResult) perCall(d time.Duration) float64 {
 }
 
 func (r tpResult) String() string {
-	var commands float64
-	if r.calls > 0 {
-		commands = float64(r.redisCommands) / float64(r.calls)
+	names := slices.SortedFunc(maps.Keys(r.commands), func(a, b string) int {
+		return cmp.Compare(r.commands[b].usec, r.commands[a].usec)
+	})
+	var commands strings.Builder
+	for _, name := range names[:min(len(names), 5)] { // the five the server spent most on
+		c := r.commands[name]
+		fmt.Fprintf(&commands, " %s %d (%.3f/call, %.2f µs/call)", name, c.calls,
+			float64(c.calls)/float64(max(r.calls, 1)), r.perCall(time.Duration(c.usec)*time.Microsecond))
 	}
-	return fmt.Sprintf("%s: %d calls in %v (%.0f calls/s), worker CPU %.2f µs/call, Redis CPU %.2f µs/call, Redis commands %.3f/call, peak in flight %d, over the limit %d, refused %v",
+	return fmt.Sprintf("%s: %d calls in %v (%.0f calls/s), worker CPU %.2f µs/call, Redis CPU %.2f µs/call, peak in flight %d, over the limit %d, refused %v; Redis commands (a script's own counted too):%s",
 		r.mode, r.calls, r.elapsed.Round(time.Millisecond), r.callsPerSecond(), r.perCall(r.workerCPU), r.perCall(r.tpRedisCPU),
-		commands, r.peak, r.overLimit, r.refused)
+		r.peak, r.overLimit, r.refused, commands.String())
 }
 
 // tpOptions are the guard's options in mode. Calls wait for a slot, as a
@@ -409,7 +417,7 @@ func tpRun(tb testing.TB, cfg tpConfig, mode string, calls int64, run, wait time
 		}
 	}
 
-	redis0, commands0 := tpRedisCPU(tb, admin), tpRedisCommands(tb, admin)
+	redis0, commands0 := tpRedisCPU(tb, admin), tpCommandStats(tb, admin)
 	if started != nil {
 		started()
 	}
@@ -443,7 +451,7 @@ func tpRun(tb testing.TB, cfg tpConfig, mode string, calls int64, run, wait time
 	}
 	res.elapsed = time.Since(start)
 	res.tpRedisCPU = tpRedisCPU(tb, admin) - redis0
-	res.redisCommands = tpRedisCommands(tb, admin) - commands0 // and the harness's own INFOs, a few
+	res.commands = tpCommandDelta(commands0, tpCommandStats(tb, admin))
 	res.calls = shared.counter(tpCalls).Load()
 	res.peak = shared.counter(tpPeak).Load()
 	res.overLimit = shared.counter(tpOverLimit).Load()
@@ -474,25 +482,54 @@ func tpRedisCPU(tb testing.TB, admin *redis.Client) time.Duration {
 	return time.Duration(total * float64(time.Second))
 }
 
-// tpRedisCommands is the number of commands the server has processed (INFO
-// stats total_commands_processed), the INFO that asks included.
-func tpRedisCommands(tb testing.TB, admin *redis.Client) int64 {
+// tpCommandStat is one command's count and time in the server (INFO
+// commandstats).
+type tpCommandStat struct{ calls, usec int64 }
+
+// tpCommandStats are the server's counts and times by command (INFO
+// commandstats): the round trips a mode costs, and which of them the server
+// spends its time on.
+func tpCommandStats(tb testing.TB, admin *redis.Client) map[string]tpCommandStat {
 	tb.Helper()
-	info, err := admin.Info(context.Background(), "stats").Result()
+	info, err := admin.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		tb.Fatal(err)
 	}
+	stats := map[string]tpCommandStat{}
 	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				tb.Fatalf("INFO stats total_commands_processed: %v", err)
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if name, ok = strings.CutPrefix(name, "cmdstat_"); !ok {
+			continue
+		}
+		var st tpCommandStat
+		for f := range strings.SplitSeq(fields, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				st.calls, err = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				st.usec, err = strconv.ParseInt(v, 10, 64)
 			}
-			return n
+			if err != nil {
+				tb.Fatalf("INFO commandstats %s: %v", line, err)
+			}
+		}
+		stats[name] = st
+	}
+	return stats
+}
+
+// tpCommandDelta is after less before, by command, leaving out the
+// harness's own INFO and the commands that did not run in between.
+func tpCommandDelta(before, after map[string]tpCommandStat) map[string]tpCommandStat {
+	delta := map[string]tpCommandStat{}
+	for name, a := range after {
+		b := before[name]
+		if d := (tpCommandStat{a.calls - b.calls, a.usec - b.usec}); name != "info" && d.calls > 0 {
+			delta[name] = d
 		}
 	}
-	tb.Fatal("INFO stats has no total_commands_processed")
-	return 0
+	return delta
 }
 
 // tpModes are the modes to measure: SPILLWAY_BENCH_MODES, or the defaults.
