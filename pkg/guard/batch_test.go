@@ -2,6 +2,7 @@ package guard_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/guard"
+	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // modes are the worker library's two ways to admit a call: a round trip per
@@ -216,6 +218,83 @@ func TestBatchIdleSlotsGoBackWithin100msOfAWaiter(t *testing.T) {
 				// A per-call waiter polls at its own backoff; a batching
 				// one takes them at its next refresh.
 				g.Expect(took).To(BeNumerically("<", 100*time.Millisecond), "the batching waiter was admitted too late")
+			}
+		})
+	}
+}
+
+// A batching process running at the limit with calls waiting: a lower
+// limit or Open published by the controller stops calls from starting over
+// the new limit within 100 ms of the publish with the change announcements
+// (pub/sub), and within the refresh interval (plus a round trip) without
+// them; the slots given back reach Redis as their calls end.
+func TestBatchShrinksOnAPublishedChange(t *testing.T) {
+	const refresh = 20 * time.Millisecond
+	lower := defaultPublished(4)
+	open := defaultPublished(0)
+	open.State = wire.Open
+	open.OpenUntil = time.Now().Add(time.Minute)
+	for _, c := range []struct {
+		name   string
+		change published
+		batch  guard.BatchOptions
+		bound  time.Duration
+	}{
+		// The bound is 100 ms; with pub/sub the bound here is half
+		// the refresh interval, so that the announcement, not the next
+		// refresh, is seen to act (about 1 ms measured).
+		{"lower limit, pub/sub", lower, guard.BatchOptions{Enabled: true, Refresh: 50 * time.Millisecond}, 25 * time.Millisecond},
+		{"Open, pub/sub", open, guard.BatchOptions{Enabled: true, Refresh: 50 * time.Millisecond}, 25 * time.Millisecond},
+		{"lower limit, no pub/sub", lower, guard.BatchOptions{Enabled: true, Refresh: refresh, IgnoreChanges: true}, refresh + 20*time.Millisecond},
+		{"Open, no pub/sub", open, guard.BatchOptions{Enabled: true, Refresh: refresh, IgnoreChanges: true}, refresh + 20*time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g := NewWithT(t)
+			rdb := fastClient(redistest.Start(t))
+			publish(t, rdb, defaultPublished(10))
+			gd := newGuard(t, rdb, guard.Options{WaitForSlot: true, Batch: c.batch})
+			var running, lastOver, starts atomic.Int64 // lastOver: since the publish
+			var limit atomic.Int64
+			limit.Store(10)
+			var changed time.Time
+			call := func(context.Context) error {
+				starts.Add(1)
+				if running.Add(1) > limit.Load() {
+					lastOver.Store(int64(time.Since(changed)))
+				}
+				time.Sleep(2 * time.Millisecond)
+				running.Add(-1)
+				return nil
+			}
+			ctx, stop := context.WithCancel(t.Context())
+			wait := load(ctx, gd, 16, call)
+			g.Eventually(running.Load).WithTimeout(time.Second).WithPolling(time.Millisecond).Should(Equal(int64(10)))
+			// Calls wait for slots the whole time: the refresher must not
+			// spin on Redis for more than the limit lets it have.
+			c0 := commandCalls(t, rdb)
+			time.Sleep(100 * time.Millisecond)
+			refreshes := commandCalls(t, rdb)["evalsha"] - c0["evalsha"]
+			g.Expect(refreshes).To(BeNumerically("<=", int(100*time.Millisecond/c.batch.Refresh)+2), "refreshes in 100ms with calls waiting")
+
+			changed = time.Now()
+			lastOver.Store(0)
+			before := starts.Load()
+			limit.Store(c.change.Limit) // from the moment the publish starts
+			publish(t, rdb, c.change)
+			time.Sleep(c.bound + 200*time.Millisecond)
+			live := liveLeases(t, rdb, gd)
+			started := starts.Load() - before
+			stop()
+			_, errs := wait()
+			over := time.Duration(lastOver.Load())
+			t.Logf("%d refreshes in 100ms; the last call over the new limit started %v after the publish; %d calls started after it; %d slots live in Redis %v after it",
+				refreshes, over.Round(100*time.Microsecond), started, live, c.bound+200*time.Millisecond)
+			g.Expect(over).To(BeNumerically("<", c.bound), "calls kept starting over the new limit")
+			g.Expect(live).To(BeNumerically("<=", c.change.Limit), "surplus slots were not given back")
+			for _, err := range errs {
+				if c.change.State != wire.Open || !errors.Is(err, guard.ErrOpen) {
+					t.Errorf("unexpected refusal: %v", err)
+				}
 			}
 		})
 	}

@@ -31,6 +31,10 @@ type poolRequest struct {
 	// that, so every member it kept lives at least LeaseTTL/2 from then.
 	firstSent time.Time
 	sends     int
+	// demand is the slots the process could use when it was built, before
+	// the limit, the state or maxBatch capped what it asks for: when it
+	// asks for less, asking again before the next interval gets no more.
+	demand int64
 }
 
 // run is the refresher: it refreshes every interval while the pool is in
@@ -203,6 +207,7 @@ func (p *pool) buildLocked() *poolRequest {
 	g := p.g
 	want, tokens := p.demand.roll(p.inUse + p.waiting)
 	tokens += p.waiting
+	demand := want
 	want = min(want, maxBatch)
 	switch {
 	case p.closed:
@@ -232,7 +237,7 @@ func (p *pool) buildLocked() *poolRequest {
 		Tokens:    tokens,
 		TokenLead: p.lead,
 		Report:    p.report,
-	}}
+	}, demand: demand}
 	p.report = protocol.Report{}
 	p.lastWant, p.lastTokens = want, tokens
 	p.removed = 0
@@ -297,7 +302,7 @@ func (p *pool) applyLocked(req *poolRequest, r protocol.PoolReply, recv time.Tim
 		p.kickLocked() // another process waits for them
 	}
 	kept := int64(len(req.args.Held) - len(r.Lost))
-	p.slotsCapped = int64(len(r.Granted)) < req.args.Want-kept
+	p.slotsCapped = int64(len(r.Granted)) < req.args.Want-kept || req.args.Want < req.demand
 	p.tokensCapped = t.Count < req.args.Tokens
 	p.serveLocked(recv)
 }
