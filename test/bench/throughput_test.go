@@ -31,6 +31,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,9 +57,13 @@ const (
 	tpGoroutinesEnv = "SPILLWAY_TP_GOROUTINES"
 	tpHoldEnv       = "SPILLWAY_TP_HOLD"
 	tpLimitEnv      = "SPILLWAY_TP_LIMIT"
-	tpReadyLine     = "tp-ready"
-	tpGoLine        = "go"
-	tpStatsPrefix   = "tp-stats: "
+	// tpProfileEnv, when set to a directory, makes every worker write a
+	// CPU profile of its timed run there (worker-<mode>-<pid>.pprof), to
+	// see where a mode's time goes in the worker.
+	tpProfileEnv  = "SPILLWAY_BENCH_CPUPROFILE"
+	tpReadyLine   = "tp-ready"
+	tpGoLine      = "go"
+	tpStatsPrefix = "tp-stats: "
 
 	// tpModesEnv selects the modes BenchmarkFleetThroughput measures, comma
 	// separated, in that order.
@@ -239,6 +244,13 @@ func tpWorker(stdin io.Reader, stdout io.Writer) error {
 		cancel()
 	}()
 
+	if dir := os.Getenv(tpProfileEnv); dir != "" {
+		stop, err := tpProfile(dir, mode)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	cpu0 := tpProcessCPU()
 	var mu sync.Mutex
 	total := tpWorkerStats{Refused: map[string]int64{}}
@@ -281,6 +293,19 @@ func tpWorker(stdin io.Reader, stdout io.Writer) error {
 	}
 	_, err = fmt.Fprintf(stdout, "%s%s\n", tpStatsPrefix, b)
 	return err
+}
+
+// tpProfile starts a CPU profile of this worker in dir; stop ends it.
+func tpProfile(dir, mode string) (stop func(), err error) {
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("worker-%s-%d.pprof", mode, os.Getpid())))
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
 }
 
 // tpReason names why a call was not made.
