@@ -140,6 +140,15 @@ func TestBatchingWorkersJoinTheMixedFleet(t *testing.T) {
 		t.Logf("Over 2s of contention %s workers made %d calls (%.0f%% of %d)", k, n, 100*float64(n)/float64(max(contended, 1)), contended)
 		g.Expect(n).To(BeNumerically(">=", 10), "%s workers starved while all kinds contended", k)
 	}
+	// The per-call workers, all of them one contender in the pools' fair
+	// split (docs/protocol.md §4 pool "Fair share"), are owed a third of the
+	// slots beside the two batching processes; they use less of it, as a
+	// refused per-call worker polls again only after a pause, so the bound
+	// is looser than a third. Without the per-call demand rule the pools
+	// would keep every slot they find free.
+	perCall := contended - (dep.calls("go-batch") - before["go-batch"])
+	g.Expect(float64(perCall)).To(BeNumerically(">=", 0.2*float64(contended)),
+		"per-call workers made %d of %d calls under contention: short of their share", perCall, contended)
 
 	// Phase 2, the dependency fails: the one budget grants minRetries
 	// retries in all, then every kind parks.
