@@ -5,6 +5,7 @@ import (
 	"os"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -14,7 +15,8 @@ import (
 // the fleet's remaining quota of calls. A counter in shared memory costs a
 // call tens of nanoseconds where a dependency behind a socket would cost tens
 // of microseconds, so it can count a fleet at hundreds of thousands of calls
-// per second without becoming the bottleneck it measures.
+// per second without becoming the bottleneck it measures. The time calls
+// spend in the dependency is summed too, for calls that take time.
 type tpShared struct {
 	mem []byte
 }
@@ -28,6 +30,7 @@ const (
 	tpPeak      = 8
 	tpCalls     = 16
 	tpOverLimit = 24
+	tpBusy      = 32
 	tpRemaining = 128
 	tpSharedLen = 4096
 )
@@ -85,6 +88,10 @@ func (s *tpShared) enter(limit int64) {
 		s.counter(tpOverLimit).Add(1)
 	}
 }
+
+// busy adds d, the time a call spent in the dependency, to the fleet's total:
+// over the run's length, the calls in flight on average.
+func (s *tpShared) busy(d time.Duration) { s.counter(tpBusy).Add(int64(d)) }
 
 // leave counts a call leaving the dependency.
 func (s *tpShared) leave() { s.counter(tpInFlight).Add(-1) }

@@ -112,9 +112,12 @@ type tpResult struct {
 	// peak is the most calls in flight at the dependency at once;
 	// overLimit the calls that found more than the limit in flight.
 	peak, overLimit int64
-	refused         map[string]int64
-	workerCPU       time.Duration
-	tpRedisCPU      time.Duration
+	// busy is the time calls spent in the dependency, summed (measured
+	// only for calls that take time).
+	busy       time.Duration
+	refused    map[string]int64
+	workerCPU  time.Duration
+	tpRedisCPU time.Duration
 	// commands are the commands the server ran over the run, by name
 	// (INFO commandstats), so a figure per call says how many round trips
 	// a call cost and which ones take the server's time.
@@ -122,6 +125,10 @@ type tpResult struct {
 }
 
 func (r tpResult) callsPerSecond() float64 { return float64(r.calls) / r.elapsed.Seconds() }
+
+// meanInFlight is the calls in flight at the dependency on average over the
+// run: against the limit, how much of the fleet's slots did work.
+func (r tpResult) meanInFlight() float64 { return r.busy.Seconds() / r.elapsed.Seconds() }
 
 // perCall divides d over the calls, in µs.
 func (r tpResult) perCall(d time.Duration) float64 {
@@ -141,9 +148,9 @@ func (r tpResult) String() string {
 		fmt.Fprintf(&commands, " %s %d (%.3f/call, %.2f µs/call)", name, c.calls,
 			float64(c.calls)/float64(max(r.calls, 1)), r.perCall(time.Duration(c.usec)*time.Microsecond))
 	}
-	return fmt.Sprintf("%s: %d calls in %v (%.0f calls/s), worker CPU %.2f µs/call, Redis CPU %.2f µs/call, peak in flight %d, over the limit %d, refused %v; Redis commands (a script's own counted too):%s",
+	return fmt.Sprintf("%s: %d calls in %v (%.0f calls/s), worker CPU %.2f µs/call, Redis CPU %.2f µs/call, peak in flight %d (mean %.1f), over the limit %d, refused %v; Redis commands (a script's own counted too):%s",
 		r.mode, r.calls, r.elapsed.Round(time.Millisecond), r.callsPerSecond(), r.perCall(r.workerCPU), r.perCall(r.tpRedisCPU),
-		r.peak, r.overLimit, r.refused, commands.String())
+		r.peak, r.meanInFlight(), r.overLimit, r.refused, commands.String())
 }
 
 // tpOptions are the guard's options in mode. Calls wait for a slot, as a
@@ -214,7 +221,9 @@ func tpWorker(stdin io.Reader, stdout io.Writer) error {
 	call := func(context.Context) error {
 		shared.enter(limit)
 		if hold > 0 {
+			start := time.Now()
 			time.Sleep(hold)
+			shared.busy(time.Since(start))
 		}
 		shared.leave()
 		return nil
@@ -480,6 +489,7 @@ func tpRun(tb testing.TB, cfg tpConfig, mode string, calls int64, run, wait time
 	res.calls = shared.counter(tpCalls).Load()
 	res.peak = shared.counter(tpPeak).Load()
 	res.overLimit = shared.counter(tpOverLimit).Load()
+	res.busy = time.Duration(shared.counter(tpBusy).Load())
 	for _, w := range workers {
 		_ = w.stdin.Close()
 	}
@@ -622,6 +632,9 @@ func BenchmarkFleetThroughput(b *testing.B) {
 				b.ReportMetric(worker, "worker-µs/call")
 				b.ReportMetric(res.perCall(res.tpRedisCPU), "redis-µs/call")
 				b.ReportMetric(float64(res.peak), "peak-inflight")
+				if v.cfg.hold > 0 {
+					b.ReportMetric(res.meanInFlight(), "mean-inflight")
+				}
 				b.ReportMetric(float64(v.cfg.limit), "limit")
 				if mode == tpBare {
 					bare = worker
