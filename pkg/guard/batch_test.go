@@ -12,6 +12,8 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/guard"
+	"github.com/spillway-dev/spillway/pkg/protocol"
+	"github.com/spillway-dev/spillway/pkg/retry"
 	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
@@ -106,6 +108,9 @@ func load(ctx context.Context, gd *guard.Guard, n int, fn func(context.Context) 
 				case err == nil:
 					ran.Add(1)
 				case ctx.Err() != nil:
+				case func() bool { dl, ok := ctx.Deadline(); return ok && !time.Now().Before(dl) }():
+					// The deadline passed before its timer ended ctx: the
+					// refusal is the wait's, as the guard answers it.
 				default:
 					mu.Lock()
 					errs = append(errs, err)
@@ -298,4 +303,188 @@ func TestBatchShrinksOnAPublishedChange(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The window the controller reads holds what per-call reporting would:
+// during a run it lags the calls that ended by one refresh at most (at
+// 1 000 calls/s and a 40 ms refresh, 40 calls: 0.13% of a 30 s window), and
+// once the calls end it equals their outcomes and attempts exactly, in both
+// modes, without waiting for Close.
+func TestBatchWindowEqualsPerCallReporting(t *testing.T) {
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		publish(t, rdb, defaultPublished(20))
+		boom := errors.New("502")
+		var ended, failures atomic.Int64
+		var byAttempt [4]atomic.Int64
+		ctx, stop := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for range 2 {
+			gd := newGuard(t, rdb, guard.Options{WaitForSlot: true, Batch: batch})
+			for w := range 6 {
+				wg.Go(func() {
+					for i := w; ctx.Err() == nil; i++ {
+						attempt := i%4 + 1
+						fail := i%7 == 0
+						_ = gd.Do(context.WithoutCancel(ctx), guard.Job{Attempt: attempt}, func(context.Context) error {
+							time.Sleep(500 * time.Microsecond)
+							if fail {
+								return boom
+							}
+							return nil
+						})
+						if fail {
+							failures.Add(1)
+						}
+						byAttempt[attempt-1].Add(1)
+						ended.Add(1)
+					}
+				})
+			}
+		}
+		time.Sleep(300 * time.Millisecond)
+		before := ended.Load()
+		time.Sleep(80 * time.Millisecond) // two refreshes
+		w := window(t, rdb)
+		after := ended.Load()
+		g.Expect(w.Calls).To(BeNumerically(">=", before), "the window lags more than two refreshes")
+		g.Expect(w.Calls).To(BeNumerically("<=", after+12), "the window counts calls that never ran")
+		stop()
+		wg.Wait()
+
+		want := [4]int64{}
+		for i := range want {
+			want[i] = byAttempt[i].Load()
+		}
+		g.Eventually(func() protocol.Window { return window(t, rdb) }).WithTimeout(200*time.Millisecond).WithPolling(10*time.Millisecond).
+			Should(And(
+				HaveField("Calls", ended.Load()),
+				HaveField("Failures", failures.Load()),
+				HaveField("ByAttempt", want),
+			), "the window after the calls ended")
+		t.Logf("%d calls, %d failures; mid-run the window read %d with %d ended 80ms before and %d after", ended.Load(), failures.Load(), w.Calls, before, after)
+	})
+}
+
+// Batching processes and a per-call one under a fleet rate of 300/s (burst
+// 30): the calls started in every 1 s window are at most rate + burst, and
+// the fleet gets most of the rate.
+func TestBatchRateBoundOverEvery1sWindow(t *testing.T) {
+	g := NewWithT(t)
+	rdb := fastClient(redistest.Start(t))
+	p := defaultPublished(50)
+	p.RatePerSecond = 300
+	publish(t, rdb, p)
+	var mu sync.Mutex
+	var starts []time.Time
+	call := func(context.Context) error {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		return nil
+	}
+	ctx, stop := context.WithTimeout(t.Context(), 1600*time.Millisecond)
+	defer stop()
+	var waits []func() (int64, []error)
+	for _, batch := range []bool{true, true, false} {
+		gd := newGuard(t, rdb, guard.Options{WaitForSlot: true, Batch: guard.BatchOptions{Enabled: batch}})
+		waits = append(waits, load(ctx, gd, 6, call))
+	}
+	for _, wait := range waits {
+		_, errs := wait()
+		g.Expect(errs).To(BeEmpty())
+	}
+	bound := p.RatePerSecond + protocol.RateBurst(p.RatePerSecond)
+	most := 0
+	for i, j := 0, 0; i < len(starts); i++ {
+		for j < len(starts) && starts[j].Sub(starts[i]) < time.Second {
+			j++
+		}
+		most = max(most, j-i)
+	}
+	t.Logf("%d calls in 1.6s; at most %d in a 1s window (bound %d)", len(starts), most, bound)
+	g.Expect(most).To(BeNumerically("<=", bound), "the fleet rate was exceeded")
+	g.Expect(len(starts)).To(BeNumerically(">=", 380), "the fleet got less than 80% of the rate")
+}
+
+// A refusal says what was missing: with every slot held, a call is
+// throttled (ErrThrottled), never rate limited, though no rate token is
+// left either; with slots free and the rate spent, it is ErrRateLimited.
+func TestBatchRefusalReasons(t *testing.T) {
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		p := defaultPublished(1)
+		p.RatePerSecond = 200 // burst 20
+		publish(t, rdb, p)
+		gd := newGuard(t, rdb, guard.Options{Batch: batch})
+		held, err := gd.Acquire(t.Context(), guard.Job{})
+		g.Expect(err).NotTo(HaveOccurred())
+		for range 40 {
+			wantDecision(t, gd.Do(t.Context(), guard.Job{}, ok), guard.ActionDefer, guard.ErrThrottled)
+		}
+		g.Expect(held.Done(nil)).To(Succeed())
+
+		p.Limit, p.Capacity = 50, 50
+		publish(t, rdb, p)
+		var refusal error
+		for i := 0; i < 100 && refusal == nil; i++ {
+			refusal = gd.Do(t.Context(), guard.Job{}, ok)
+		}
+		wantDecision(t, refusal, guard.ActionDefer, guard.ErrRateLimited)
+	})
+}
+
+// Failing calls from two processes at once: the retries granted stay
+// within the fleet's budget (a retry is granted while granted < max(MinRetries,
+// Ratio × calls)), in both modes
+// (batch mode takes grants in batches; a grant it took and did not hand out
+// only makes the budget stricter), and most of the budget is used.
+func TestBatchRetryBudgetWithinBudget(t *testing.T) {
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		p := defaultPublished(20)
+		p.Budget = retry.Budget{Ratio: 0.1, MinRetries: 5, Window: time.Minute}
+		publish(t, rdb, p)
+		boom := errors.New("503")
+		var retries atomic.Int64
+		var wg sync.WaitGroup
+		end := time.Now().Add(400 * time.Millisecond)
+		var guards []*guard.Guard
+		for range 2 {
+			gd := newGuard(t, rdb, guard.Options{WaitForSlot: true, Batch: batch})
+			guards = append(guards, gd)
+			for w := range 8 {
+				wg.Go(func() {
+					for i := w; time.Now().Before(end); i++ {
+						err := gd.Do(t.Context(), guard.Job{Attempt: 1 + i%2}, func(context.Context) error {
+							time.Sleep(200 * time.Microsecond)
+							if i%3 == 0 {
+								return boom
+							}
+							return nil
+						})
+						if a, _, _ := guard.Decide(err); err != nil && a == guard.ActionRetry {
+							retries.Add(1)
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		for _, gd := range guards {
+			gd.Close()
+		}
+		w := window(t, rdb)
+		bound := max(float64(p.Budget.MinRetries), p.Budget.Ratio*float64(w.Calls))
+		t.Logf("%d calls, %d failures; %d retries handed out, %d granted in Redis, %d refused; budget %.0f",
+			w.Calls, w.Failures, retries.Load(), w.RetriesGranted, w.BudgetRefused, bound)
+		// Each grant needs granted < bound before it: after the last one,
+		// granted < bound + 1.
+		g.Expect(float64(w.RetriesGranted)).To(BeNumerically("<", bound+1), "over the budget")
+		g.Expect(retries.Load()).To(BeNumerically("<=", w.RetriesGranted), "retries handed out that Redis never granted")
+		g.Expect(float64(retries.Load())).To(BeNumerically(">=", bound/2), "most of the budget unused")
+	})
 }

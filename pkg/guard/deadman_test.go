@@ -21,38 +21,40 @@ import (
 // their outcomes go to the stats, never toward closing the breaker. The real
 // probe, admitted before the state went stale, still counts.
 func TestDeadManCallsInHalfOpenAreNotProbes(t *testing.T) {
-	g := NewWithT(t)
-	rdb := fastClient(redistest.Start(t))
-	p := defaultPublished(3)
-	p.State, p.Capacity, p.Epoch = wire.HalfOpen, 40, 5
-	p.HalfOpenProbes = 3
-	p.StaleAfter = 300 * time.Millisecond
-	publish(t, rdb, p)
-	gd := newGuard(t, rdb, guard.Options{})
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		p := defaultPublished(3)
+		p.State, p.Capacity, p.Epoch = wire.HalfOpen, 40, 5
+		p.HalfOpenProbes = 3
+		p.StaleAfter = 300 * time.Millisecond
+		publish(t, rdb, p)
+		gd := newGuard(t, rdb, guard.Options{Batch: batch})
 
-	probe, err := gd.Acquire(t.Context(), guard.Job{})
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(probesAdmitted(t, rdb)).To(Equal(int64(1)))
-	time.Sleep(400 * time.Millisecond) // past the dead-man bound: no controller published
+		probe, err := gd.Acquire(t.Context(), guard.Job{})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(probesAdmitted(t, rdb)).To(Equal(int64(1)))
+		time.Sleep(400 * time.Millisecond) // past the dead-man bound: no controller published
 
-	ctx, cancel := context.WithCancel(t.Context())
-	cancelled, err := gd.Acquire(ctx, guard.Job{})
-	g.Expect(err).NotTo(HaveOccurred(), "the dead-man rule admits calls in a stale HalfOpen")
-	succeeded, err := gd.Acquire(t.Context(), guard.Job{})
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(probesAdmitted(t, rdb)).To(Equal(int64(1)), "dead-man admissions take no probe")
+		ctx, cancel := context.WithCancel(t.Context())
+		cancelled, err := gd.Acquire(ctx, guard.Job{})
+		g.Expect(err).NotTo(HaveOccurred(), "the dead-man rule admits calls in a stale HalfOpen")
+		succeeded, err := gd.Acquire(t.Context(), guard.Job{})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(probesAdmitted(t, rdb)).To(Equal(int64(1)), "dead-man admissions take no probe")
 
-	cancel()
-	_ = cancelled.Done(context.Canceled)
-	g.Expect(succeeded.Done(nil)).To(Succeed())
-	g.Expect(probesAdmitted(t, rdb)).To(Equal(int64(1)), "a cancelled dead-man call gave back a probe it never took")
-	w, probes := windowAndProbes(t, rdb)
-	g.Expect(probes.Successes).To(BeZero(), "a dead-man call counted toward closing the breaker")
-	g.Expect(w.Successes).To(Equal(int64(1)), "its outcome goes to the stats like any call's")
+		cancel()
+		_ = cancelled.Done(context.Canceled)
+		g.Expect(succeeded.Done(nil)).To(Succeed())
+		g.Expect(probesAdmitted(t, rdb)).To(Equal(int64(1)), "a cancelled dead-man call gave back a probe it never took")
+		w, probes := windowAndProbes(t, rdb)
+		g.Expect(probes.Successes).To(BeZero(), "a dead-man call counted toward closing the breaker")
+		g.Expect(w.Successes).To(Equal(int64(1)), "its outcome goes to the stats like any call's")
 
-	g.Expect(probe.Done(nil)).To(Succeed())
-	_, probes = windowAndProbes(t, rdb)
-	g.Expect(probes.Successes).To(Equal(int64(1)), "the epoch's real probe counts")
+		g.Expect(probe.Done(nil)).To(Succeed())
+		_, probes = windowAndProbes(t, rdb)
+		g.Expect(probes.Successes).To(Equal(int64(1)), "the epoch's real probe counts")
+	})
 }
 
 // probesAdmitted is the probes hash's admitted count.

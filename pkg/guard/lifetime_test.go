@@ -16,25 +16,27 @@ import (
 // A holder that never calls Done stops renewing after MaxCallLifetime: its
 // context is cancelled then and its slot comes back within the lease TTL.
 func TestAbandonedPermitStopsRenewingAfterItsLifetime(t *testing.T) {
-	g := NewWithT(t)
-	rdb := fastClient(redistest.Start(t))
-	publish(t, rdb, defaultPublished(1))
-	const lifetime, ttl = 400 * time.Millisecond, 150 * time.Millisecond
-	gd := newGuard(t, rdb, guard.Options{LeaseTTL: ttl, MaxCallLifetime: lifetime})
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		publish(t, rdb, defaultPublished(1))
+		const lifetime, ttl = 400 * time.Millisecond, 150 * time.Millisecond
+		gd := newGuard(t, rdb, guard.Options{LeaseTTL: ttl, MaxCallLifetime: lifetime, Batch: batch})
 
-	start := time.Now()
-	p, err := gd.Acquire(t.Context(), guard.Job{})
-	g.Expect(err).NotTo(HaveOccurred())
-	time.Sleep(lifetime / 2)
-	_, err = gd.Acquire(t.Context(), guard.Job{})
-	wantDecision(t, err, guard.ActionDefer, guard.ErrThrottled)
+		start := time.Now()
+		p, err := gd.Acquire(t.Context(), guard.Job{})
+		g.Expect(err).NotTo(HaveOccurred())
+		time.Sleep(lifetime / 2)
+		_, err = gd.Acquire(t.Context(), guard.Job{})
+		wantDecision(t, err, guard.ActionDefer, guard.ErrThrottled)
 
-	g.Eventually(p.Context().Done()).Within(lifetime + time.Second).Should(BeClosed())
-	g.Expect(time.Since(start)).To(BeNumerically(">=", lifetime))
-	g.Expect(context.Cause(p.Context())).To(MatchError(guard.ErrLifetimeExceeded))
-	g.Eventually(func() error { return gd.Do(t.Context(), guard.Job{}, ok) }).
-		WithTimeout(ttl + time.Second).WithPolling(10 * time.Millisecond).Should(Succeed())
-	g.Expect(time.Since(start)).To(BeNumerically("<", lifetime+ttl+time.Second))
+		g.Eventually(p.Context().Done()).Within(lifetime + time.Second).Should(BeClosed())
+		g.Expect(time.Since(start)).To(BeNumerically(">=", lifetime))
+		g.Expect(context.Cause(p.Context())).To(MatchError(guard.ErrLifetimeExceeded))
+		g.Eventually(func() error { return gd.Do(t.Context(), guard.Job{}, ok) }).
+			WithTimeout(ttl + time.Second).WithPolling(10 * time.Millisecond).Should(Succeed())
+		g.Expect(time.Since(start)).To(BeNumerically("<", lifetime+ttl+time.Second))
+	})
 }
 
 // A call under Do is ended by Do itself, so MaxCallLifetime does not bound
@@ -42,30 +44,33 @@ func TestAbandonedPermitStopsRenewingAfterItsLifetime(t *testing.T) {
 // lease for as long as it runs (issue 21: a fleet of 15-minute renders was
 // cancelled at 10 minutes and counted as timeouts).
 func TestCallUnderDoRenewsPastMaxCallLifetime(t *testing.T) {
-	g := NewWithT(t)
-	rdb := fastClient(redistest.Start(t))
-	publish(t, rdb, defaultPublished(1))
-	const lifetime, ttl = 300 * time.Millisecond, 150 * time.Millisecond
-	gd := newGuard(t, rdb, guard.Options{LeaseTTL: ttl, MaxCallLifetime: lifetime})
-	other := newGuard(t, rdb, guard.Options{LeaseTTL: ttl})
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		publish(t, rdb, defaultPublished(1))
+		const lifetime, ttl = 300 * time.Millisecond, 150 * time.Millisecond
+		gd := newGuard(t, rdb, guard.Options{LeaseTTL: ttl, MaxCallLifetime: lifetime, Batch: batch})
+		other := newGuard(t, rdb, guard.Options{LeaseTTL: ttl, Batch: batch})
 
-	var othersDuring error
-	err := gd.Do(t.Context(), guard.Job{}, func(ctx context.Context) error {
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-time.After(3 * lifetime):
-		}
-		// Past the lifetime and many lease TTLs: the slot is still this
-		// call's.
-		_, othersDuring = other.Acquire(t.Context(), guard.Job{})
-		return ctx.Err()
+		var othersDuring error
+		err := gd.Do(t.Context(), guard.Job{}, func(ctx context.Context) error {
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(3 * lifetime):
+			}
+			// Past the lifetime and many lease TTLs: the slot is still this
+			// call's.
+			_, othersDuring = other.Acquire(t.Context(), guard.Job{})
+			return ctx.Err()
+		})
+		g.Expect(err).NotTo(HaveOccurred(), "a call under Do was cut at MaxCallLifetime")
+		wantDecision(t, othersDuring, guard.ActionDefer, guard.ErrThrottled)
+		gd.Close()
+		w := window(t, rdb)
+		g.Expect(w.Successes).To(Equal(int64(1)))
+		g.Expect(w.Timeouts + w.Failures).To(BeZero())
 	})
-	g.Expect(err).NotTo(HaveOccurred(), "a call under Do was cut at MaxCallLifetime")
-	wantDecision(t, othersDuring, guard.ActionDefer, guard.ErrThrottled)
-	w := window(t, rdb)
-	g.Expect(w.Successes).To(Equal(int64(1)))
-	g.Expect(w.Timeouts + w.Failures).To(BeZero())
 }
 
 // A Permit that outlives MaxCallLifetime is cut, and the cut is the guard's
@@ -73,42 +78,52 @@ func TestCallUnderDoRenewsPastMaxCallLifetime(t *testing.T) {
 // failure, no retry budget) and Done answers ActionDefer with
 // ErrLifetimeExceeded.
 func TestLifetimeCutCountsCancelled(t *testing.T) {
-	g := NewWithT(t)
-	rdb := fastClient(redistest.Start(t))
-	publish(t, rdb, defaultPublished(1))
-	gd := newGuard(t, rdb, guard.Options{LeaseTTL: 150 * time.Millisecond, MaxCallLifetime: 300 * time.Millisecond})
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		publish(t, rdb, defaultPublished(1))
+		gd := newGuard(t, rdb, guard.Options{LeaseTTL: 150 * time.Millisecond, MaxCallLifetime: 300 * time.Millisecond, Batch: batch})
 
-	p, err := gd.Acquire(t.Context(), guard.Job{Attempt: 1})
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Eventually(p.Context().Done()).Within(2 * time.Second).Should(BeClosed())
-	err = p.Done(fmt.Errorf("render: %w", p.Context().Err()))
-	wantDecision(t, err, guard.ActionDefer, guard.ErrLifetimeExceeded)
-	w := window(t, rdb)
-	g.Expect(w.Calls).To(BeZero(), "a lifetime cut counted as a call: %+v", w)
-	g.Expect(w.RetriesGranted+w.BudgetRefused).To(BeZero(), "a lifetime cut spent retry budget: %+v", w)
+		p, err := gd.Acquire(t.Context(), guard.Job{Attempt: 1})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Eventually(p.Context().Done()).Within(2 * time.Second).Should(BeClosed())
+		err = p.Done(fmt.Errorf("render: %w", p.Context().Err()))
+		wantDecision(t, err, guard.ActionDefer, guard.ErrLifetimeExceeded)
+		gd.Close()
+		w := window(t, rdb)
+		g.Expect(w.Calls).To(BeZero(), "a lifetime cut counted as a call: %+v", w)
+		g.Expect(w.RetriesGranted+w.BudgetRefused).To(BeZero(), "a lifetime cut spent retry budget: %+v", w)
+	})
 }
 
 // A custom Classify that panics inside Done still releases the slot (counting
 // nothing), and the panic goes on to the caller.
 func TestPanicInClassifyReleasesTheSlot(t *testing.T) {
-	g := NewWithT(t)
-	rdb := fastClient(redistest.Start(t))
-	publish(t, rdb, defaultPublished(1))
-	gd := newGuard(t, rdb, guard.Options{Classify: func(error) protocol.Outcome { panic("classifier bug") }})
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		publish(t, rdb, defaultPublished(1))
+		gd := newGuard(t, rdb, guard.Options{Classify: func(error) protocol.Outcome { panic("classifier bug") }, Batch: batch})
 
-	for _, run := range []func(){
-		func() { _ = gd.Do(t.Context(), guard.Job{}, ok) },
-		func() {
-			p, err := gd.Acquire(t.Context(), guard.Job{})
-			g.Expect(err).NotTo(HaveOccurred())
-			_ = p.Done(nil)
-		},
-	} {
-		g.Expect(run).To(PanicWith("classifier bug"))
-		p, err := newGuard(t, rdb, guard.Options{}).Acquire(t.Context(), guard.Job{})
-		g.Expect(err).NotTo(HaveOccurred(), "the slot of the call whose Classify panicked is still held")
-		g.Expect(p.Done(nil)).To(Succeed())
-	}
-	w := window(t, rdb)
-	g.Expect(w.Calls).To(Equal(int64(2)), "only the two clean calls count: %+v", w)
+		for _, run := range []func(){
+			func() { _ = gd.Do(t.Context(), guard.Job{}, ok) },
+			func() {
+				p, err := gd.Acquire(t.Context(), guard.Job{})
+				g.Expect(err).NotTo(HaveOccurred())
+				_ = p.Done(nil)
+			},
+		} {
+			g.Expect(run).To(PanicWith("classifier bug"))
+			// A batching pool keeps the slot (idle) until another process
+			// waits for it: this one waits, for much less than a lease TTL.
+			ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+			p, err := newGuard(t, rdb, guard.Options{WaitForSlot: true}).Acquire(ctx, guard.Job{})
+			cancel()
+			g.Expect(err).NotTo(HaveOccurred(), "the slot of the call whose Classify panicked is still held")
+			g.Expect(p.Done(nil)).To(Succeed())
+		}
+		gd.Close()
+		w := window(t, rdb)
+		g.Expect(w.Calls).To(Equal(int64(2)), "only the two clean calls count: %+v", w)
+	})
 }

@@ -86,7 +86,7 @@ type pool struct {
 
 	slots    map[string]*poolSlot // every slot held, idle or busy
 	free     []*poolSlot          // idle slots
-	inUse    int64                // calls running on pool slots
+	inUse    int64                // calls running on live pool slots (not on dead ones)
 	surplus  int64                // busy slots to give back when their calls end
 	removed  int64                // slots that left since the pending request was built
 	toReturn []string
@@ -404,11 +404,12 @@ func (p *pool) put(s *poolSlot, o protocol.Outcome, attempt int, took time.Durat
 
 func (p *pool) putLocked(s *poolSlot, o protocol.Outcome, attempt int, took time.Duration) {
 	s.busy, s.permit = false, nil
-	p.inUse--
 	if s.dead {
 		// The fleet stopped counting it: release would count nothing.
+		// Its call left inUse when the slot died.
 		return
 	}
+	p.inUse--
 	if o != "" {
 		p.report.Add(o, attempt, took)
 	}
@@ -460,10 +461,19 @@ func (p *pool) killLocked(s *poolSlot, giveBack bool) {
 	} else {
 		p.dropLocked(s)
 	}
-	s.dead = true
+	p.dieLocked(s)
 	if s.permit != nil {
 		s.permit.lost()
 	}
+}
+
+// dieLocked marks s dead. A call on it no longer counts as the pool's
+// demand: it is cancelled or cut, and no new slot is taken for it.
+func (p *pool) dieLocked(s *poolSlot) {
+	if !s.dead && s.busy {
+		p.inUse--
+	}
+	s.dead = true
 }
 
 // retire takes the slot of a Permit past MaxCallLifetime out of the pool
@@ -473,7 +483,7 @@ func (p *pool) retire(s *poolSlot) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.dropLocked(s)
-	s.dead = true
+	p.dieLocked(s)
 }
 
 // expire drops every slot once they may have expired in Redis, by the local
