@@ -9,6 +9,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/guard"
@@ -231,8 +232,8 @@ func TestBatchIdleSlotsGoBackWithin100msOfAWaiter(t *testing.T) {
 // A batching process running at the limit with calls waiting: a lower
 // limit or Open published by the controller stops calls from starting over
 // the new limit within 100 ms of the publish with the change announcements
-// (pub/sub), and within the refresh interval (plus a round trip) without
-// them; the slots given back reach Redis as their calls end.
+// (pub/sub), and within the refresh interval (plus a round trip; two
+// intervals here) without them; the slots given back reach Redis as their calls end.
 func TestBatchShrinksOnAPublishedChange(t *testing.T) {
 	const refresh = 20 * time.Millisecond
 	lower := defaultPublished(4)
@@ -250,8 +251,11 @@ func TestBatchShrinksOnAPublishedChange(t *testing.T) {
 		// refresh, is seen to act (about 1 ms measured).
 		{"lower limit, pub/sub", lower, guard.BatchOptions{Enabled: true, Refresh: 50 * time.Millisecond}, 25 * time.Millisecond},
 		{"Open, pub/sub", open, guard.BatchOptions{Enabled: true, Refresh: 50 * time.Millisecond}, 25 * time.Millisecond},
-		{"lower limit, no pub/sub", lower, guard.BatchOptions{Enabled: true, Refresh: refresh, IgnoreChanges: true}, refresh + 20*time.Millisecond},
-		{"Open, no pub/sub", open, guard.BatchOptions{Enabled: true, Refresh: refresh, IgnoreChanges: true}, refresh + 20*time.Millisecond},
+		// Without pub/sub: the next refresh, a round trip after its tick
+		// (measured up to 28 ms; bounded at two intervals, for a busy
+		// machine).
+		{"lower limit, no pub/sub", lower, guard.BatchOptions{Enabled: true, Refresh: refresh, IgnoreChanges: true}, 2 * refresh},
+		{"Open, no pub/sub", open, guard.BatchOptions{Enabled: true, Refresh: refresh, IgnoreChanges: true}, 2 * refresh},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			g := NewWithT(t)
@@ -309,7 +313,8 @@ func TestBatchShrinksOnAPublishedChange(t *testing.T) {
 // during a run it lags the calls that ended by one refresh at most (at
 // 1 000 calls/s and a 40 ms refresh, 40 calls: 0.13% of a 30 s window), and
 // once the calls end it equals their outcomes and attempts exactly, in both
-// modes, without waiting for Close.
+// modes, without waiting for Close. (The mid-run check allows three
+// refreshes, for a busy machine.)
 func TestBatchWindowEqualsPerCallReporting(t *testing.T) {
 	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
 		g := NewWithT(t)
@@ -345,10 +350,10 @@ func TestBatchWindowEqualsPerCallReporting(t *testing.T) {
 		}
 		time.Sleep(300 * time.Millisecond)
 		before := ended.Load()
-		time.Sleep(80 * time.Millisecond) // two refreshes
+		time.Sleep(120 * time.Millisecond) // three refreshes: one, and room for a busy machine
 		w := window(t, rdb)
 		after := ended.Load()
-		g.Expect(w.Calls).To(BeNumerically(">=", before), "the window lags more than two refreshes")
+		g.Expect(w.Calls).To(BeNumerically(">=", before), "the window lags more than three refreshes")
 		g.Expect(w.Calls).To(BeNumerically("<=", after+12), "the window counts calls that never ran")
 		stop()
 		wg.Wait()
@@ -363,7 +368,7 @@ func TestBatchWindowEqualsPerCallReporting(t *testing.T) {
 				HaveField("Failures", failures.Load()),
 				HaveField("ByAttempt", want),
 			), "the window after the calls ended")
-		t.Logf("%d calls, %d failures; mid-run the window read %d with %d ended 80ms before and %d after", ended.Load(), failures.Load(), w.Calls, before, after)
+		t.Logf("%d calls, %d failures; mid-run the window read %d with %d ended 120ms before and %d after", ended.Load(), failures.Load(), w.Calls, before, after)
 	})
 }
 
@@ -419,7 +424,8 @@ func TestBatchRefusalReasons(t *testing.T) {
 		p.RatePerSecond = 200 // burst 20
 		publish(t, rdb, p)
 		gd := newGuard(t, rdb, guard.Options{Batch: batch})
-		held, err := gd.Acquire(t.Context(), guard.Job{})
+		// Another process holds the only slot.
+		held, err := newGuard(t, rdb, guard.Options{WaitForSlot: true}).Acquire(t.Context(), guard.Job{})
 		g.Expect(err).NotTo(HaveOccurred())
 		for range 40 {
 			wantDecision(t, gd.Do(t.Context(), guard.Job{}, ok), guard.ActionDefer, guard.ErrThrottled)
@@ -428,6 +434,7 @@ func TestBatchRefusalReasons(t *testing.T) {
 
 		p.Limit, p.Capacity = 50, 50
 		publish(t, rdb, p)
+		time.Sleep(100 * time.Millisecond) // the change reaches a batching process
 		var refusal error
 		for i := 0; i < 100 && refusal == nil; i++ {
 			refusal = gd.Do(t.Context(), guard.Job{}, ok)
@@ -487,4 +494,105 @@ func TestBatchRetryBudgetWithinBudget(t *testing.T) {
 		g.Expect(retries.Load()).To(BeNumerically("<=", w.RetriesGranted), "retries handed out that Redis never granted")
 		g.Expect(float64(retries.Load())).To(BeNumerically(">=", bound/2), "most of the budget unused")
 	})
+}
+
+// A pool refresh that Redis ran but whose reply was lost is sent again under
+// the same request id, and pool.lua answers it with the first run's reply:
+// the slots it granted are not held by nobody for a lease TTL, and the
+// outcomes it reported count once. Five failing calls, with the replies of
+// three refreshes lost, add exactly five failures; after Close no slot is
+// held.
+func TestBatchRefreshWhoseReplyWasLostCountsOnce(t *testing.T) {
+	g := NewWithT(t)
+	srv := redistest.Start(t)
+	direct := fastClient(srv)
+	publish(t, direct, defaultPublished(2))
+	batch := guard.Options{Batch: guard.BatchOptions{Enabled: true}}
+	loader := newGuard(t, direct, batch)
+	g.Expect(loader.Do(t.Context(), guard.Job{}, ok)).To(Succeed(), "loading the scripts")
+	loader.Close()
+	before := window(t, direct)
+
+	proxy := newLostReplies(t, srv.Addr())
+	gd := newGuard(t, readmeClient(t, proxy.addr()), batch)
+	proxy.lose(t, "pool", 3)
+	failing := errors.New("dependency failed")
+	for range 5 {
+		err := gd.Do(t.Context(), guard.Job{Attempt: 1}, func(context.Context) error { return failing })
+		g.Expect(errors.Is(err, failing)).To(BeTrue(), "Do = %v, want the call's failure", err)
+		time.Sleep(30 * time.Millisecond) // a refresh or so apart
+	}
+	gd.Close()
+	t.Logf("%d pool replies lost", proxy.lost.Load())
+	g.Expect(proxy.lost.Load()).To(BeNumerically(">=", 1), "the proxy lost no pool reply")
+	after := window(t, direct)
+	g.Expect(after.Failures-before.Failures).To(Equal(int64(5)), "failures added by five calls")
+	g.Expect(after.Calls-before.Calls).To(Equal(int64(5)), "calls added by five calls")
+	g.Expect(after.ByAttempt[0]-before.ByAttempt[0]).To(Equal(int64(5)), "first attempts added by five calls")
+	g.Expect(liveLeases(t, direct, gd)).To(BeZero(), "a slot granted in a lost reply is held by nobody")
+}
+
+// Redis restarted empty under a running call: the call's slot is gone (the
+// fleet no longer counts it), so the call is cancelled with ErrLeaseLost,
+// in both modes (per call when its renewal finds the lease gone, batching
+// when the pool's refresh reports its member lost); once the policy is
+// published again, calls flow, and no slot is held by nobody.
+func TestRedisRestartedEmptyLosesTheRunningCallsSlots(t *testing.T) {
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		srv := redistest.Start(t)
+		rdb := fastClient(srv)
+		publish(t, rdb, defaultPublished(2))
+		gd := newGuard(t, rdb, guard.Options{LeaseTTL: 300 * time.Millisecond, Batch: batch})
+		p, err := gd.Acquire(t.Context(), guard.Job{})
+		g.Expect(err).NotTo(HaveOccurred())
+
+		g.Expect(srv.Restart()).To(Succeed())
+		restarted := time.Now()
+		publish(t, rdb, defaultPublished(2))
+		g.Eventually(p.Context().Done()).Within(time.Second).Should(BeClosed(), "the call runs on a slot the fleet no longer counts")
+		t.Logf("call cancelled %v after the restart", time.Since(restarted).Round(time.Millisecond))
+		g.Expect(context.Cause(p.Context())).To(MatchError(guard.ErrLeaseLost))
+		wantDecision(t, p.Done(context.Cause(p.Context())), guard.ActionDefer, guard.ErrLeaseLost)
+
+		g.Eventually(func() error { return gd.Do(t.Context(), guard.Job{}, ok) }).
+			WithTimeout(time.Second).WithPolling(10 * time.Millisecond).Should(Succeed())
+		gd.Close()
+		g.Expect(liveLeases(t, rdb, gd)).To(BeZero())
+		g.Expect(window(t, rdb).Calls).To(Equal(int64(1)), "the lost call is not counted")
+	})
+}
+
+// The batch gauges say what an SRE needs to know of a process: whether its
+// calls take local slots (batch_local 1) and how many slots it holds. Open
+// sends its calls per call and empties its pool.
+func TestBatchGauges(t *testing.T) {
+	g := NewWithT(t)
+	rdb := fastClient(redistest.Start(t))
+	publish(t, rdb, defaultPublished(5))
+	reg := prometheus.NewRegistry()
+	gd := newGuard(t, rdb, guard.Options{Registerer: reg, Batch: guard.BatchOptions{Enabled: true}})
+	local := func() float64 { return gauge(t, reg, "spillway_worker_batch_local") }
+	slots := func() float64 { return gauge(t, reg, "spillway_worker_batch_slots") }
+
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			if err := gd.Do(t.Context(), guard.Job{}, func(context.Context) error { time.Sleep(20 * time.Millisecond); return nil }); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	g.Expect(local()).To(Equal(1.0), "calls take local slots")
+	g.Expect(slots()).To(BeNumerically(">=", 1), "the pool holds slots")
+
+	open := defaultPublished(0)
+	open.State, open.OpenUntil = wire.Open, time.Now().Add(time.Minute)
+	publish(t, rdb, open)
+	// Open reaches the process within a round trip of the publish.
+	g.Eventually(func() error { return gd.Do(t.Context(), guard.Job{}, ok) }).WithTimeout(100 * time.Millisecond).
+		WithPolling(time.Millisecond).Should(MatchError(guard.ErrOpen))
+	g.Eventually(local).WithTimeout(time.Second).Should(Equal(0.0), "Open: calls no longer take local slots")
+	g.Eventually(slots).WithTimeout(time.Second).Should(Equal(0.0), "Open: the pool gave its slots back")
 }

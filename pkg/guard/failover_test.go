@@ -54,7 +54,7 @@ const failoverPauseEnv = "SPILLWAY_FAILOVER_PAUSE_REPLICA"
 // during the switch (leases the replica had not received yet are lost) is
 // measured, and bounded by the limit itself.
 //
-// The guards run on defaults. Calls that end while there is no master cannot
+// The guards run on defaults, two of the four in batch mode. Calls that end while there is no master cannot
 // release their leases, and the replica has them: the fleet is back at its
 // limit soon after the election only because the guard forgets those leases
 // once Redis answers again, not a LeaseTTL (30 s) later.
@@ -116,7 +116,7 @@ func TestFleetSurvivesSentinelFailover(t *testing.T) {
 	gate := make(chan struct{}) // closed when the fleet may start
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for range guards {
+	for i := range guards {
 		// One client and one guard per simulated worker process, each on
 		// defaults but for the context timeouts the guard requires.
 		rdb := s.Client(func(o *redis.FailoverOptions) { o.ContextTimeoutEnabled = true })
@@ -127,7 +127,9 @@ func TestFleetSurvivesSentinelFailover(t *testing.T) {
 			warm.Go(func() { _ = rdb.Ping(ctx).Err() })
 		}
 		warm.Wait()
-		gd := newGuard(t, rdb, guard.Options{LeaseTTL: leaseTTL})
+		// Half the fleet batches (a mixed fleet): the failover's rules
+		// hold in both modes.
+		gd := newGuard(t, rdb, guard.Options{LeaseTTL: leaseTTL, Batch: guard.BatchOptions{Enabled: i%2 == 1}})
 		for range goroutines {
 			wg.Go(func() {
 				select {

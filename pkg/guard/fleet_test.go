@@ -66,13 +66,21 @@ func runChild(mode string) int {
 	return 0
 }
 
+// batchEnv turns a child's batch mode on.
+const batchEnv = "SPILLWAY_BATCH=true"
+
+// childBatch is a child's batch mode, from its environment.
+func childBatch() guard.BatchOptions {
+	return guard.BatchOptions{Enabled: os.Getenv("SPILLWAY_BATCH") == "true"}
+}
+
 // contend runs goroutines that call the dependency in a loop until the
 // deadline, each call tagged with the limit that admitted it.
 func contend(rdb redis.UniversalClient) error {
 	n, _ := strconv.Atoi(os.Getenv("SPILLWAY_GOROUTINES"))
 	until, _ := time.Parse(time.RFC3339Nano, os.Getenv("SPILLWAY_UNTIL"))
 	url := os.Getenv("SPILLWAY_DEPENDENCY_URL")
-	g, err := guard.New(rdb, dep, guard.Options{WaitForSlot: true, MaxWait: 200 * time.Millisecond, RedisTimeout: time.Second})
+	g, err := guard.New(rdb, dep, guard.Options{WaitForSlot: true, MaxWait: 200 * time.Millisecond, RedisTimeout: time.Second, Batch: childBatch()})
 	if err != nil {
 		return err
 	}
@@ -107,7 +115,7 @@ func contend(rdb redis.UniversalClient) error {
 func hold(rdb redis.UniversalClient) error {
 	n, _ := strconv.Atoi(os.Getenv("SPILLWAY_HOLD"))
 	ttl, _ := time.ParseDuration(os.Getenv("SPILLWAY_LEASE_TTL"))
-	g, err := guard.New(rdb, dep, guard.Options{LeaseTTL: ttl, RedisTimeout: time.Second})
+	g, err := guard.New(rdb, dep, guard.Options{LeaseTTL: ttl, RedisTimeout: time.Second, Batch: childBatch()})
 	if err != nil {
 		return err
 	}
@@ -169,10 +177,10 @@ func (s *inflightServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	time.Sleep(30 * time.Millisecond)
 }
 
-// 500 goroutines in four processes contend for 20 slots; halfway through the
-// limit drops to 5. The dependency never sees more calls than the limit in
-// force, and no call admitted under the lower limit arrives while 5 or more
-// are in flight.
+// 500 goroutines in four processes, two per call and two batching (a mixed
+// fleet), contend for 20 slots; halfway through the limit drops to 5. The
+// dependency never sees more calls than the limit in force, and no call
+// admitted under the lower limit arrives while 5 or more are in flight.
 func TestCapHoldsAcrossProcesses(t *testing.T) {
 	topologies(t, func(t *testing.T, f fleet, rdb redis.UniversalClient) {
 		g := NewWithT(t)
@@ -186,8 +194,12 @@ func TestCapHoldsAcrossProcesses(t *testing.T) {
 		until := start.Add(6 * time.Second)
 		var cmds []*exec.Cmd
 		var outs []*strings.Builder
-		for range processes {
-			cmd := child(t, "contend", append(f.env(),
+		for i := range processes {
+			env := f.env()
+			if i%2 == 1 {
+				env = append(env, batchEnv)
+			}
+			cmd := child(t, "contend", append(env,
 				"SPILLWAY_GOROUTINES="+strconv.Itoa(goroutines),
 				"SPILLWAY_UNTIL="+until.Format(time.RFC3339Nano),
 				"SPILLWAY_DEPENDENCY_URL="+srv.URL)...)
@@ -223,40 +235,53 @@ func TestCapHoldsAcrossProcesses(t *testing.T) {
 // A worker killed with SIGKILL while holding slots gives them back when their
 // leases run out: within the lease TTL of its last renewal, not later.
 func TestKilledHolderSlotsReturnWithinTheLeaseTTL(t *testing.T) {
-	topologies(t, func(t *testing.T, f fleet, rdb redis.UniversalClient) {
-		g := NewWithT(t)
-		const slots = 3
-		const ttl = 900 * time.Millisecond
-		publish(t, rdb, defaultPublished(slots))
-		cmd := child(t, "hold", append(f.env(), "SPILLWAY_HOLD="+strconv.Itoa(slots), "SPILLWAY_LEASE_TTL="+ttl.String())...)
-		stdout, err := cmd.StdoutPipe()
-		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(cmd.Start()).To(Succeed())
-		line, err := bufio.NewReader(stdout).ReadString('\n')
-		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(line).To(Equal("held\n"))
-
-		gd := newGuard(t, rdb, guard.Options{})
-		time.Sleep(ttl) // past one TTL: the holder is renewing
-		_, err = gd.Acquire(t.Context(), guard.Job{})
-		wantDecision(t, err, guard.ActionDefer, guard.ErrThrottled)
-
-		g.Expect(cmd.Process.Signal(syscall.SIGKILL)).To(Succeed())
-		_ = cmd.Wait()
-		killed := time.Now()
-		got := 0
-		for got < slots && time.Since(killed) < 3*ttl {
-			if p, err := gd.Acquire(t.Context(), guard.Job{}); err == nil {
-				defer func() { _ = p.Done(nil) }()
-				got++
-				continue
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		topologies(t, func(t *testing.T, f fleet, rdb redis.UniversalClient) {
+			g := NewWithT(t)
+			const slots = 3
+			const ttl = 900 * time.Millisecond
+			publish(t, rdb, defaultPublished(slots))
+			env := append(f.env(), "SPILLWAY_HOLD="+strconv.Itoa(slots), "SPILLWAY_LEASE_TTL="+ttl.String())
+			if batch.Enabled {
+				env = append(env, batchEnv)
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		elapsed := time.Since(killed)
-		t.Logf("all %d slots back %v after SIGKILL (lease TTL %v, renewed every %v)", slots, elapsed, ttl, ttl/3)
-		g.Expect(got).To(Equal(slots))
-		g.Expect(elapsed).To(BeNumerically("<=", ttl+300*time.Millisecond), "not later than the lease TTL (and the polling that sees it)")
-		g.Expect(elapsed).To(BeNumerically(">=", ttl*2/3-100*time.Millisecond), "not before the leases expire")
+			cmd := child(t, "hold", env...)
+			stdout, err := cmd.StdoutPipe()
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(cmd.Start()).To(Succeed())
+			line, err := bufio.NewReader(stdout).ReadString('\n')
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(line).To(Equal("held\n"))
+
+			gd := newGuard(t, rdb, guard.Options{})
+			time.Sleep(ttl) // past one TTL: the holder is renewing
+			_, err = gd.Acquire(t.Context(), guard.Job{})
+			wantDecision(t, err, guard.ActionDefer, guard.ErrThrottled)
+
+			g.Expect(cmd.Process.Signal(syscall.SIGKILL)).To(Succeed())
+			_ = cmd.Wait()
+			killed := time.Now()
+			got := 0
+			for got < slots && time.Since(killed) < 3*ttl {
+				if p, err := gd.Acquire(t.Context(), guard.Job{}); err == nil {
+					defer func() { _ = p.Done(nil) }()
+					got++
+					continue
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			elapsed := time.Since(killed)
+			t.Logf("all %d slots back %v after SIGKILL (lease TTL %v, renewed every %v)", slots, elapsed, ttl, ttl/3)
+			g.Expect(got).To(Equal(slots))
+			g.Expect(elapsed).To(BeNumerically("<=", ttl+300*time.Millisecond), "not later than the lease TTL (and the polling that sees it)")
+			// A per-call lease is renewed every TTL/3, a pool's member once
+			// less than TTL/2 is left: it expires at least that long after
+			// the kill.
+			least := ttl * 2 / 3
+			if batch.Enabled {
+				least = ttl / 2
+			}
+			g.Expect(elapsed).To(BeNumerically(">=", least-100*time.Millisecond), "not before the leases expire")
+		})
 	})
 }

@@ -35,8 +35,11 @@ const (
 // poolSlot is one fleet slot the pool holds: a member of the leases set.
 type poolSlot struct {
 	member string
-	busy   bool    // a call holds it, or it was handed to a waiting call
-	dead   bool    // lost, past its lease by the local clock, or retired
+	busy   bool // a call holds it, or it was handed to a waiting call
+	dead   bool // lost, past its lease by the local clock, or retired
+	// drain: a lower limit arrived while its call ran: the slot goes back
+	// when the call ends, and starts no other call (drainLocked).
+	drain  bool
 	permit *Permit // the call holding it, once its Permit is bound
 }
 
@@ -213,6 +216,10 @@ func (p *pool) admit(ctx context.Context, job Job, bounded bool) (permit *Permit
 			switch {
 			case refreshed == 0 && (asked || mode == modeUnknown):
 				refreshed = p.started + 1
+			case refreshed == 0 && p.started > p.completed:
+				// A refresh under way may bring the slot (it asked for
+				// the calls it knew of, this one's peers).
+				refreshed = p.started
 			case refreshed == 0 || p.completed >= refreshed:
 				p.leaveLocked(w)
 				cause := p.lastErr
@@ -414,7 +421,7 @@ func (p *pool) putLocked(s *poolSlot, o protocol.Outcome, attempt int, took time
 		p.report.Add(o, attempt, took)
 	}
 	switch {
-	case p.surplus > 0 || p.closed || p.mode == modeOpen || p.mode == modePerCall:
+	case s.drain || p.surplus > 0 || p.closed || p.mode == modeOpen || p.mode == modePerCall:
 		p.surplus = max(0, p.surplus-1)
 		p.giveBackLocked(s)
 		if p.closed && p.inUse == 0 {
@@ -423,6 +430,23 @@ func (p *pool) putLocked(s *poolSlot, o protocol.Outcome, attempt int, took time
 	default:
 		p.free = append(p.free, s)
 		p.serveLocked(time.Now())
+	}
+}
+
+// drainLocked gives back every slot the pool holds, idle ones now and busy
+// ones as their calls end, because the limit went down. A held slot is
+// already a lease, so Redis would not stop it from starting a call while
+// the fleet is over the new limit; a slot granted afresh is granted only
+// while the fleet's leases are below it, as per-call acquire admits. So no
+// call starts on this process's slots under the lower limit while the
+// fleet runs as many calls as that limit or more, in batch mode as per call
+// (TestCapHoldsAcrossProcesses); the cost is one refresh of refilling.
+func (p *pool) drainLocked() {
+	for len(p.free) > 0 {
+		p.giveBackLocked(p.free[len(p.free)-1])
+	}
+	for _, s := range p.slots {
+		s.drain = true
 	}
 }
 

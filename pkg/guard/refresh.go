@@ -102,12 +102,9 @@ func (p *pool) change(payload string) {
 	if c.Epoch != p.epoch || !batching(c.State) {
 		p.freshUntil = time.Time{}
 	}
-	if over := int64(len(p.slots)) - c.Limit; over > 0 {
-		for over > 0 && len(p.free) > 0 {
-			p.giveBackLocked(p.free[len(p.free)-1])
-			over--
-		}
-		p.surplus = max(p.surplus, over)
+	if c.Limit < p.limit {
+		p.drainLocked()
+		p.limit = c.Limit
 	}
 	p.gaugesLocked()
 }
@@ -252,6 +249,12 @@ func (p *pool) applyLocked(req *poolRequest, r protocol.PoolReply, recv time.Tim
 	sent := req.firstSent
 	removed := p.removed // slots that left since the request was built
 	p.lastErr = nil
+	if r.Limit < p.limit && r.Epoch == p.epoch {
+		// A lower limit the change announcement did not bring: the slots
+		// held before this answer go back (drainLocked); its grants were
+		// made under the new limit.
+		p.drainLocked()
+	}
 	p.epoch, p.limit = r.Epoch, r.Limit
 	p.freshUntil = sent.Add(p.every + g.opts.RedisTimeout)
 	p.validUntil = sent.Add(g.opts.LeaseTTL / 2)

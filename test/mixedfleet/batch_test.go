@@ -13,17 +13,10 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/pkg/guard"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/retry"
 	"github.com/spillway-dev/spillway/pkg/wire"
 )
-
-// batchOptions turns batch mode on in a Go worker's options.
-func batchOptions(opts guard.Options) (guard.Options, error) {
-	opts.Batch = guard.BatchOptions{Enabled: true}
-	return opts, nil
-}
 
 // The kinds of worker in the batching fleet, as the dependency counts them
 // (the X-Lang header) and as their stats name them.
@@ -81,7 +74,7 @@ func TestBatchingWorkersJoinTheMixedFleet(t *testing.T) {
 	var all []*fleetProc
 	for range workers {
 		cmd := exec.Command(self, "-test.run=^$")
-		cmd.Env = append(env, mixedRoleEnv+"=go-worker", mixedBatchEnv+"=1")
+		cmd.Env = append(env, mixedRoleEnv+"=go-worker", mixedBatchEnv+"=true")
 		byKind["go-batch"] = append(byKind["go-batch"], start(t, cmd))
 		cmd = exec.Command(self, "-test.run=^$")
 		cmd.Env = append(env, mixedRoleEnv+"=go-worker")
