@@ -15,9 +15,8 @@ import (
 // a gRPC status error with code DeadlineExceeded, anywhere in the error's
 // chain.
 func Classify(err error) protocol.Outcome {
-	var p *permanentError
 	switch {
-	case err == nil, errors.As(err, &p):
+	case err == nil, permanentOf(err) != nil:
 		return protocol.Success
 	case errors.Is(err, context.DeadlineExceeded), isTimeout(err):
 		return protocol.Timeout

@@ -132,6 +132,20 @@ func Permanent(err error) error {
 
 type permanentError struct{ err error }
 
+// permanentOf is the Permanent error in err's chain, or nil. Its variable
+// escapes to the heap (errors.As takes a pointer), so it is declared only
+// for a non-nil err: a call that succeeded allocates nothing here.
+func permanentOf(err error) *permanentError {
+	if err == nil {
+		return nil
+	}
+	var p *permanentError
+	if errors.As(err, &p) {
+		return p
+	}
+	return nil
+}
+
 func (p *permanentError) Error() string { return p.err.Error() }
 func (p *permanentError) Unwrap() error { return p.err }
 

@@ -45,6 +45,9 @@ const (
 	fleetReadyLine    = "fleet-ready"
 	fleetSweepEnv     = "SPILLWAY_FLEET_SWEEP"
 	fleetSweepTTLsEnv = "SPILLWAY_FLEET_SWEEP_TTLS"
+	// fleetBatchEnv=true runs every worker in batch mode (Options.Batch):
+	// the children inherit it, so it applies to any fleet test or sweep.
+	fleetBatchEnv = "SPILLWAY_FLEET_BATCH"
 )
 
 // fleetConfig is one run of the fleet.
@@ -208,7 +211,7 @@ func fleetWorker(stdin io.Reader, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", fleetGoroutines, err)
 	}
-	var opts guard.Options // a new user's defaults, unless a sweep sets these two
+	var opts guard.Options // a new user's defaults, unless a sweep sets these (or batch mode)
 	if v := os.Getenv(fleetTimeoutEnv); v != "" {
 		if opts.RedisTimeout, err = time.ParseDuration(v); err != nil {
 			return err
@@ -219,6 +222,7 @@ func fleetWorker(stdin io.Reader, stdout io.Writer) error {
 			return err
 		}
 	}
+	opts.Batch.Enabled = os.Getenv(fleetBatchEnv) == "true"
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(fleetRedisEnv), ContextTimeoutEnabled: true})
 	defer func() { _ = rdb.Close() }()
 	g, err := guard.New(rdb, dep, opts)

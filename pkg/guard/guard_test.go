@@ -89,6 +89,11 @@ func newGuard(t *testing.T, rdb redis.UniversalClient, opts guard.Options) *guar
 	if err != nil {
 		t.Fatalf("guard.New: %v", err)
 	}
+	if opts.Batch.Enabled {
+		// Its refresher and subscription stop with the test, while its
+		// Redis still runs (cleanups run last first).
+		t.Cleanup(g.Close)
+	}
 	return g
 }
 

@@ -70,12 +70,12 @@ func (g *Guard) newLocalPermit(ctx context.Context, job Job) *Permit {
 	return p
 }
 
-// admit completes the Permit of a call admitted on a pool slot (batch
-// mode): the pool renews the slot, so a Permit from Acquire has only its
-// lifetime to watch.
-func (p *Permit) admit(start time.Time, bounded bool) *Permit {
+// admit completes the Permit of a call that asked at start and was admitted
+// on a pool slot at now (batch mode): the pool renews the slot, so a Permit
+// from Acquire has only its lifetime to watch.
+func (p *Permit) admit(start, now time.Time, bounded bool) *Permit {
 	g := p.g
-	p.admitted = time.Now()
+	p.admitted = now
 	g.metrics.inFlight.Inc()
 	g.metrics.slotWait.Observe(p.admitted.Sub(start).Seconds())
 	if bounded {
@@ -218,13 +218,13 @@ func (p *Permit) Done(callErr error) error {
 	p.release(outcome)
 
 	g := p.g
-	var perm *permanentError
-	switch {
-	case callErr == nil:
+	if callErr == nil {
 		// Done, even if the lease was lost meanwhile (counted when renew
 		// found it gone): running the job again would repeat its effects.
 		return nil
-	case errors.As(callErr, &perm):
+	}
+	switch perm := permanentOf(callErr); {
+	case perm != nil:
 		return perm.err
 	case outcome == protocol.Cancelled:
 		reason := ErrCancelled
@@ -261,8 +261,7 @@ func (p *Permit) classify(callErr error) protocol.Outcome {
 // as cancelled. A call whose own deadline expired is the Classify's to judge:
 // a timeout by default. Must run before Done cancels the context itself.
 func (p *Permit) outcome(callErr error) protocol.Outcome {
-	var perm *permanentError
-	if callErr == nil || errors.As(callErr, &perm) || p.ctx.Err() == nil {
+	if callErr == nil || permanentOf(callErr) != nil || p.ctx.Err() == nil {
 		return p.g.opts.Classify(callErr)
 	}
 	switch cause := context.Cause(p.ctx); {

@@ -160,15 +160,17 @@ func (p *pool) admit(ctx context.Context, job Job, bounded bool) (permit *Permit
 		p.dormant = false
 		p.kickLocked()
 	}
-	for {
-		now := time.Now()
+	// time.Now is read as seldom as it can be: on a virtual machine's
+	// clock source (kvm-clock) a reading costs 70-100 ns, a third of a
+	// call on a local slot when read five times.
+	for now := start; ; now = time.Now() {
 		if w != nil && w.slot != nil {
 			s := w.slot
 			w = nil
 			if !s.dead {
 				p.bindLocked(pm, s)
 				p.mu.Unlock()
-				return pm.admit(start, bounded), false, nil
+				return pm.admit(start, now, bounded), false, nil
 			}
 			p.putLocked(s, "", 0, 0) // lost while handed over: wait on
 		}
@@ -193,7 +195,7 @@ func (p *pool) admit(ctx context.Context, job Job, bounded bool) (permit *Permit
 				p.leaveLocked(w)
 				p.bindLocked(pm, s)
 				p.mu.Unlock()
-				return pm.admit(start, bounded), false, nil
+				return pm.admit(start, now, bounded), false, nil
 			}
 			refusal = p.refusalLocked(rate)
 		case modeUnknown:
@@ -429,7 +431,9 @@ func (p *pool) putLocked(s *poolSlot, o protocol.Outcome, attempt int, took time
 		}
 	default:
 		p.free = append(p.free, s)
-		p.serveLocked(time.Now())
+		if p.waiting > 0 {
+			p.serveLocked(time.Now())
+		}
 	}
 }
 

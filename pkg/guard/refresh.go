@@ -249,7 +249,7 @@ func (p *pool) applyLocked(req *poolRequest, r protocol.PoolReply, recv time.Tim
 	sent := req.firstSent
 	removed := p.removed // slots that left since the request was built
 	p.lastErr = nil
-	if r.Limit < p.limit && r.Epoch == p.epoch {
+	if r.Limit < p.limit {
 		// A lower limit the change announcement did not bring: the slots
 		// held before this answer go back (drainLocked); its grants were
 		// made under the new limit.
