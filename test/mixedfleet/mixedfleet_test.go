@@ -44,12 +44,14 @@ import (
 
 const (
 	mixedRoleEnv    = "SPILLWAY_MIXED_ROLE"
-	mixedBatchEnv   = "SPILLWAY_MIXED_BATCH" // "true": a Go worker in batch mode
 	mixedRedisEnv   = "SPILLWAY_MIXED_REDIS"
 	mixedDepEnv     = "SPILLWAY_MIXED_DEP"
 	mixedURLEnv     = "SPILLWAY_MIXED_URL"
 	mixedThreadsEnv = "SPILLWAY_MIXED_THREADS"
-	statsPrefix     = "mixed-stats: "
+	// mixedBatchEnv "true" makes a Go worker batch its slots
+	// (guard.Options.Batch) and call the dependency as "go-batch".
+	mixedBatchEnv = "SPILLWAY_MIXED_BATCH"
+	statsPrefix   = "mixed-stats: "
 
 	// requirePythonEnv, when set (make test sets it), turns a missing
 	// python3 or module into a failure instead of a skip.
@@ -274,10 +276,12 @@ func TestGoAndPythonWorkersShareOneLimitBreakerAndBudget(t *testing.T) {
 		pyProcs = append(pyProcs, start(t, cmd))
 	}
 	all := append(append([]*fleetProc(nil), goProcs...), pyProcs...)
+	// The batching Go worker calls the dependency as "go-batch".
+	goCalls := func() int64 { return dep.calls("go") + dep.calls("go-batch") }
 
 	// Phase 1, healthy: both languages are admitted, never more than the
 	// limit at once.
-	g.Eventually(func() bool { return dep.calls("go") >= 50 && dep.calls("python") >= 50 }).
+	g.Eventually(func() bool { return goCalls() >= 50 && dep.calls("python") >= 50 }).
 		WithTimeout(90*time.Second).WithPolling(50*time.Millisecond).
 		Should(BeTrue(), "both languages must get calls through")
 
@@ -309,7 +313,8 @@ func TestGoAndPythonWorkersShareOneLimitBreakerAndBudget(t *testing.T) {
 		s := p.stop(t)
 		final[fmt.Sprintf("%s/%d", s.Lang, s.PID)] = s
 	}
-	t.Logf("Dependency saw %d calls from Go and %d from Python, at most %d at once", dep.calls("go"), dep.calls("python"), dep.peak.Load())
+	t.Logf("Dependency saw %d calls from Go (%d batching) and %d from Python, at most %d at once",
+		goCalls(), dep.calls("go-batch"), dep.calls("python"), dep.peak.Load())
 	for k, s := range final {
 		t.Logf("Worker %s: ok %d failed %d retry %d park %d refused %v", k, s.OK, s.Failed, s.Retry, s.Park, s.Refused)
 	}
@@ -336,7 +341,7 @@ func TestGoAndPythonWorkersShareOneLimitBreakerAndBudget(t *testing.T) {
 	g.Expect(w.RetriesGranted).To(BeNumerically("<=", minRetries), "the budget granted more than it has")
 	// One set of counters: every call either language made is in the stats.
 	g.Expect(w.Calls).To(Equal(calls), "the stats must count the calls of both languages")
-	g.Expect(w.Calls).To(Equal(dep.calls("go") + dep.calls("python")))
+	g.Expect(w.Calls).To(Equal(goCalls() + dep.calls("python")))
 	// One set of scripts: Python ran the Go tree's scripts, byte for byte,
 	// so Redis holds no script but those.
 	g.Expect(onlyGoScriptsCached(ctx, rdb, filepath.Join(repo, "pkg", "protocol", "lua"))).To(Succeed())
@@ -399,9 +404,11 @@ func onlyGoScriptsCached(ctx context.Context, rdb *redis.Client, dir string) err
 func goWorker() int {
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(mixedRedisEnv), ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	gd, err := guard.New(rdb, os.Getenv(mixedDepEnv), guard.Options{
-		Batch: guard.BatchOptions{Enabled: os.Getenv(mixedBatchEnv) == "true"},
-	})
+	lang, opts := "go", guard.Options{}
+	if os.Getenv(mixedBatchEnv) == "true" {
+		lang, opts.Batch = "go-batch", guard.BatchOptions{Enabled: true}
+	}
+	gd, err := guard.New(rdb, os.Getenv(mixedDepEnv), opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -416,7 +423,7 @@ func goWorker() int {
 	}()
 
 	var mu sync.Mutex
-	st := workerStats{Lang: "go", PID: os.Getpid(), Refused: map[string]int{}}
+	st := workerStats{Lang: lang, PID: os.Getpid(), Refused: map[string]int{}}
 	count := func(f func()) { mu.Lock(); f(); mu.Unlock() }
 	report := func() {
 		mu.Lock()
@@ -431,7 +438,7 @@ func goWorker() int {
 		if err != nil {
 			return err
 		}
-		req.Header.Set("X-Lang", "go")
+		req.Header.Set("X-Lang", lang)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			count(func() { st.Failed++ }) // the guard reports it as a failure too
