@@ -60,7 +60,7 @@ const (
 )
 
 // fqDefaultModes are the modes measured when fqModesEnv is unset.
-var fqDefaultModes = []string{"percall"}
+var fqDefaultModes = []string{"percall", "batch"}
 
 // fqDefaultRule is the breaker's rule when fqRuleEnv is unset.
 const fqDefaultRule = "0.05,1s"
