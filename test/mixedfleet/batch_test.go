@@ -28,6 +28,8 @@ const (
 	// batchWait bounds each phase's wait, so that a fleet that does not
 	// behave fails in seconds, not at the test binary's timeout.
 	batchWait = 10 * time.Second
+	// contention is how long phase 1 counts the calls of a contended fleet.
+	contention = 2 * time.Second
 )
 
 // TestBatchingWorkersJoinTheMixedFleet runs Go workers in batch mode beside
@@ -122,7 +124,11 @@ func TestBatchingWorkersJoinTheMixedFleet(t *testing.T) {
 	for _, k := range batchKinds {
 		before[k] = dep.calls(k)
 	}
-	time.Sleep(2 * time.Second)
+	beforeProc := map[*fleetProc]int64{}
+	for _, p := range all {
+		beforeProc[p] = dep.callsOf(p.cmd.Process.Pid)
+	}
+	time.Sleep(contention)
 	g.Expect(running()).To(Succeed())
 	var contended int64
 	for _, k := range batchKinds {
@@ -132,6 +138,11 @@ func TestBatchingWorkersJoinTheMixedFleet(t *testing.T) {
 		n := dep.calls(k) - before[k]
 		t.Logf("Over 2s of contention %s workers made %d calls (%.0f%% of %d)", k, n, 100*float64(n)/float64(max(contended, 1)), contended)
 		g.Expect(n).To(BeNumerically(">=", 10), "%s workers starved while all kinds contended", k)
+	}
+	for _, k := range batchKinds {
+		for _, p := range byKind[k] {
+			t.Logf("Over 2s of contention %s process %d made %d calls", k, p.cmd.Process.Pid, dep.callsOf(p.cmd.Process.Pid)-beforeProc[p])
+		}
 	}
 	// The per-call workers, all of them one contender in the pools' fair
 	// split (docs/protocol.md §4 pool "Fair share"), are owed a third of the

@@ -95,6 +95,7 @@ type dependencyServer struct {
 	inFlight, peak atomic.Int64
 	down           atomic.Bool
 	byLang         sync.Map // lang -> *atomic.Int64
+	byPID          sync.Map // the worker's process id (X-PID) -> *atomic.Int64
 	lastArrival    atomic.Int64
 }
 
@@ -109,6 +110,10 @@ func (d *dependencyServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	c, _ := d.byLang.LoadOrStore(r.Header.Get("X-Lang"), new(atomic.Int64))
 	c.(*atomic.Int64).Add(1)
+	if pid := r.Header.Get("X-PID"); pid != "" {
+		c, _ := d.byPID.LoadOrStore(pid, new(atomic.Int64))
+		c.(*atomic.Int64).Add(1)
+	}
 	time.Sleep(10 * time.Millisecond)
 	d.inFlight.Add(-1)
 	if d.down.Load() {
@@ -116,6 +121,15 @@ func (d *dependencyServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, _ = io.WriteString(w, "ok")
+}
+
+// callsOf is the number of calls that the worker process pid made.
+func (d *dependencyServer) callsOf(pid int) int64 {
+	c, ok := d.byPID.Load(strconv.Itoa(pid))
+	if !ok {
+		return 0
+	}
+	return c.(*atomic.Int64).Load()
 }
 
 func (d *dependencyServer) calls(lang string) int64 {
@@ -439,6 +453,7 @@ func goWorker() int {
 			return err
 		}
 		req.Header.Set("X-Lang", lang)
+		req.Header.Set("X-PID", strconv.Itoa(os.Getpid()))
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			count(func() { st.Failed++ }) // the guard reports it as a failure too
