@@ -91,6 +91,9 @@ type workerStats struct {
 
 // dependencyServer is the shared dependency: it counts calls in flight and by
 // language, and answers 503 while down.
+// dependencyCall is how long the dependency takes to answer a call.
+const dependencyCall = 10 * time.Millisecond
+
 type dependencyServer struct {
 	inFlight, peak atomic.Int64
 	down           atomic.Bool
@@ -114,7 +117,7 @@ func (d *dependencyServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c, _ := d.byPID.LoadOrStore(pid, new(atomic.Int64))
 		c.(*atomic.Int64).Add(1)
 	}
-	time.Sleep(10 * time.Millisecond)
+	time.Sleep(dependencyCall)
 	d.inFlight.Add(-1)
 	if d.down.Load() {
 		w.WriteHeader(http.StatusServiceUnavailable)
