@@ -37,7 +37,9 @@ const (
 // dependency with fewer slots than they want, and checks that they are one
 // fleet: the cap is exact at the dependency, the per-call workers are not
 // starved by the batching ones (each kind gets calls through while all
-// contend: per-call demand counts as a contender for the pools' fair share),
+// contend: each per-call process counts as a contender of its own for the
+// pools' fair share, and each per-call Go process gets a fair fraction of
+// floor(limit / processes)),
 // one retry budget serves all three kinds, one breaker refuses all of them,
 // and the stats count every call each kind made.
 func TestBatchingWorkersJoinTheMixedFleet(t *testing.T) {

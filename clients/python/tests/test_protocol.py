@@ -25,6 +25,7 @@ def test_keys_carry_the_version_and_the_hash_tag():
     assert k.job("order-42") == "spillway:v4:{shop/payments}:job:order-42"
     assert k.pools == "spillway:v4:{shop/payments}:pools"
     assert k.wants == "spillway:v4:{shop/payments}:wants"
+    assert k.callers == "spillway:v4:{shop/payments}:callers"
 
 
 @pytest.mark.parametrize("bad", ["nons", "Shop/x", "shop/", "/x", "shop/x_y", "a{b/c"])
