@@ -72,6 +72,7 @@ func (g *Guard) acquire(ctx context.Context, job Job, bounded bool) (*Permit, er
 		JobKey:     job.Key,
 		JobVersion: job.Version,
 		JobTTL:     g.opts.JobTTL,
+		CallerID:   g.caller,
 	}
 	waitCtx, cancel := g.waitContext(ctx)
 	defer cancel()

@@ -134,8 +134,12 @@ type Options struct {
 // Guard enforces one dependency's fleet-wide limits. It is safe for
 // concurrent use; create one per dependency and share it.
 type Guard struct {
-	proto    *protocol.Client
-	dep      protocol.Dependency
+	proto *protocol.Client
+	dep   protocol.Dependency
+	// caller names this Guard in per-call acquisitions
+	// (protocol.AcquireArgs.CallerID): refused for want of a slot, it is a
+	// contender of its own in the batching pools' fair split.
+	caller   string
 	opts     Options
 	metrics  *metrics
 	rnd      retry.Rand
@@ -180,6 +184,7 @@ func New(rdb redis.UniversalClient, dependency string, opts Options) (*Guard, er
 	g := &Guard{
 		proto:    proto,
 		dep:      dep,
+		caller:   protocol.NewLeaseID(),
 		opts:     opts,
 		metrics:  m,
 		rnd:      opts.Rand,

@@ -215,11 +215,12 @@ var (
 // floorPair is acquire+release without the work: same keys, arguments and
 // reply shapes, and the client does what Acquire and Release do with them.
 func floorPair(rdb redis.UniversalClient, k protocol.Keys) func(context.Context, *protocol.Client) error {
-	acquireKeys := []string{k.State, k.Leases, k.GCRA, k.Probes, k.Wants}
+	acquireKeys := []string{k.State, k.Leases, k.GCRA, k.Probes, k.Wants, k.Callers}
 	releaseKeys := []string{k.Leases, k.Stats}
+	caller := protocol.NewLeaseID()
 	return func(ctx context.Context, _ *protocol.Client) error {
 		id := protocol.NewLeaseID()
-		if err := floorAcquire.Run(ctx, rdb, acquireKeys, id, int64(60000), int64(0)).Err(); err != nil {
+		if err := floorAcquire.Run(ctx, rdb, acquireKeys, id, int64(60000), int64(0), "", "", caller).Err(); err != nil {
 			return err
 		}
 		return floorRelease.Run(ctx, rdb, releaseKeys, id, "s", 1).Err()

@@ -44,7 +44,7 @@ func NewClient(rdb redis.UniversalClient, d Dependency) (*Client, error) {
 		rdb:         rdb,
 		dep:         d,
 		keys:        k,
-		acquireKeys: []string{k.State, k.Leases, k.GCRA, k.Probes, k.Wants},
+		acquireKeys: []string{k.State, k.Leases, k.GCRA, k.Probes, k.Wants, k.Callers},
 		// Every release passes the state and probes keys: a failure or
 		// timeout may trip the breaker in the fleet's path (lib.lua trip).
 		releaseKeys: []string{k.Leases, k.Stats, k.State, k.Probes},
@@ -52,7 +52,7 @@ func NewClient(rdb redis.UniversalClient, d Dependency) (*Client, error) {
 		budgetKeys:  []string{k.State, k.Stats},
 		windowKeys:  []string{k.State, k.Stats, k.Probes, k.Leases},
 		publishKeys: []string{k.State, k.Probes},
-		poolKeys:    []string{k.State, k.Leases, k.GCRA, k.Stats, k.Pools, k.Wants},
+		poolKeys:    []string{k.State, k.Leases, k.GCRA, k.Stats, k.Pools, k.Wants, k.Callers},
 	}, nil
 }
 
@@ -123,6 +123,11 @@ type AcquireArgs struct {
 	// so it leaves no lease that no call holds. It is Redis's clock, not
 	// the caller's: estimate it from Admission.Now.
 	Deadline time.Time
+	// CallerID, when set, names the process (one stable id per process,
+	// e.g. NewLeaseID once): a refusal for want of a slot then counts it as
+	// a per-call contender of its own in the batching pools' fair split.
+	// Callers without one count together as one contender.
+	CallerID string
 }
 
 // Admission is the answer to an acquisition.
@@ -172,6 +177,7 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 	}
 	keys := c.acquireKeys
 	args := []any{a.LeaseID, a.TTL.Milliseconds(), millis(a.Deadline)}
+	var job []any // the job's arguments: empty strings without a job key
 	if a.JobKey != "" {
 		if a.JobVersion < 0 || a.JobVersion > MaxJobVersion {
 			return Admission{}, fmt.Errorf("job version must be in [0, 2^53), got %d", a.JobVersion)
@@ -179,8 +185,17 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 		if a.JobTTL < time.Millisecond {
 			return Admission{}, fmt.Errorf("job ttl must be at least 1ms, got %v", a.JobTTL)
 		}
-		keys = []string{c.keys.State, c.keys.Leases, c.keys.GCRA, c.keys.Probes, c.keys.Wants, c.keys.Job(a.JobKey)}
-		args = append(args, a.JobVersion, a.JobTTL.Milliseconds())
+		keys = []string{c.keys.State, c.keys.Leases, c.keys.GCRA, c.keys.Probes, c.keys.Wants, c.keys.Callers, c.keys.Job(a.JobKey)}
+		job = []any{a.JobVersion, a.JobTTL.Milliseconds()}
+	}
+	if job != nil {
+		args = append(args, job...)
+	}
+	if a.CallerID != "" {
+		if job == nil {
+			args = append(args, "", "")
+		}
+		args = append(args, a.CallerID)
 	}
 	res, err := acquireScript.Run(ctx, c.rdb, keys, args...).Slice()
 	if err != nil {

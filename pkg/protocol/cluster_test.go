@@ -36,7 +36,7 @@ func keySlot(key string) int {
 
 func allKeys(c *protocol.Client) []string {
 	k := c.Keys()
-	return []string{k.State, k.Leases, k.GCRA, k.Stats, k.Probes, k.Pools, k.Wants, k.Changes, k.Job("order-42"), k.Job("")}
+	return []string{k.State, k.Leases, k.GCRA, k.Stats, k.Probes, k.Pools, k.Wants, k.Callers, k.Changes, k.Job("order-42"), k.Job("")}
 }
 
 func TestKeysShareOneSlot(t *testing.T) {

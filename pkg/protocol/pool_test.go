@@ -226,6 +226,47 @@ func TestPoolPerCallDemandCounts(t *testing.T) {
 	})
 }
 
+// TestPoolPerCallCallersCountOneEach: per-call callers that name themselves
+// count one contender each. A second caller refused right after the first
+// changes the split at the pool's next refresh (the cached split counted
+// one), an anonymous caller adds one more, and a second later, with no
+// refusal since, none counts.
+func TestPoolPerCallCallersCountOneEach(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		mustPublish(t, c, policy(12))
+		a := newPool(c, "a")
+		if r := a.refresh(t, 100, nil); len(r.Granted) != 12 {
+			t.Fatalf("pool alone = %+v, want all 12", r)
+		}
+		refuse := func(caller string) {
+			t.Helper()
+			got, err := c.Acquire(ctxT(t), protocol.AcquireArgs{LeaseID: leaseID(), TTL: time.Second, CallerID: caller})
+			if err != nil {
+				t.Fatalf("Acquire: %v", err)
+			}
+			if got.Code != protocol.RefusedThrottled {
+				t.Fatalf("per-call acquire by %q = %v, want throttled", caller, got.Code)
+			}
+		}
+		for _, step := range []struct {
+			caller string
+			share  int64
+		}{{"x", 6}, {"x", 6}, {"y", 4}, {"", 3}} {
+			refuse(step.caller)
+			if r := a.refresh(t, 100, nil); r.Share != step.share || r.Excess != 12-step.share {
+				t.Fatalf("refresh after a refusal of %q = share %d excess %d, want %d and %d",
+					step.caller, r.Share, r.Excess, step.share, 12-step.share)
+			}
+		}
+		time.Sleep(1100 * time.Millisecond)
+		if r := a.refresh(t, 100, nil); r.Share != 12 || r.Excess != 0 {
+			t.Errorf("refresh with per-call demand gone = share %d excess %d, want 12 and 0", r.Share, r.Excess)
+		}
+	})
+}
+
 // TestPoolResendAnswersTheFirstRun: the same request sent twice (its reply
 // was lost) is answered with the first run's members and counts its report
 // once; the pool's next request takes the normal path.

@@ -109,8 +109,14 @@ type Keys struct {
 	Pools string
 	// Wants is a hash of live demand for slots: each pool's want, held
 	// slots and time, and the time of the last per-call refusal for want
-	// of a slot ("percall"), from which pool.lua computes fair shares.
+	// of a slot by anonymous per-call callers ("percall"), from which
+	// pool.lua computes fair shares.
 	Wants string
+	// Callers is a sorted set of the per-call callers that named themselves
+	// (AcquireArgs.CallerID), scored by the time (ms) of their last refusal
+	// for want of a slot, pruned to the last second: each is a contender of
+	// its own in the pools' fair split.
+	Callers string
 	// Changes is the pub/sub channel on which the scripts announce a change
 	// of the published state ("<epoch> <state> <limit>"). It is the state
 	// key with "state" replaced by "changes" (lib.lua changes_channel).
@@ -129,6 +135,7 @@ func KeysFor(d Dependency) Keys {
 		Probes:  p + "probes",
 		Pools:   p + "pools",
 		Wants:   p + "wants",
+		Callers: p + "callers",
 		Changes: p + "changes",
 		prefix:  p,
 	}

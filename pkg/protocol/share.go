@@ -5,10 +5,16 @@ import (
 	"slices"
 )
 
-// PerCallContender is the contender name of live per-call demand in a fair
-// split: per-call workers refused for want of a slot count as one
-// contender that wants the whole limit.
+// PerCallContender is the contender name of live anonymous per-call demand
+// in a fair split: per-call workers without a caller id refused for want of
+// a slot count together as one contender that wants the whole limit.
 const PerCallContender = "percall"
+
+// PerCallerContender is the contender name of the per-call caller id
+// (AcquireArgs.CallerID) in a fair split: each caller refused for want of a
+// slot within the last second is a contender of its own that wants the
+// whole limit, so that k per-call processes count as k.
+func PerCallerContender(id string) string { return PerCallContender + ":" + id }
 
 // FairShares is the fair-share rule pool.lua applies (docs/protocol.md §4
 // pool): the max-min fair split of limit over the contenders' wants (each
@@ -16,8 +22,11 @@ const PerCallContender = "percall"
 // get the level, floor(what is left / how many), and the remainder goes one
 // slot each to the first of them by name, so that the shares add up to the
 // limit whenever the wants do. Every contender gets at least
-// min(want, floor(limit / contenders)). The script and this function must
-// agree (TestPoolSharesMatchFairShares).
+// min(want, floor(limit / contenders)). Live per-call demand enters as
+// contenders that each want limit: PerCallerContender(id) for each caller id
+// refused within the last second, and PerCallContender for the anonymous
+// ones together. The script and this function must agree
+// (TestPoolSharesMatchFairShares).
 func FairShares(limit int64, wants map[string]int64) map[string]int64 {
 	type contender struct {
 		name string

@@ -3,6 +3,7 @@ package protocol_test
 import (
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -36,7 +37,9 @@ func TestFairShares(t *testing.T) {
 
 // TestPoolSharesMatchFairShares is the differential test of the share rule:
 // rounds of random wants over a few pools (ids that sort differently by byte
-// and by a locale), with per-call demand in some rounds. Once every pool has
+// and by a locale), with per-call demand in some rounds: anonymous, from
+// callers that name themselves (each a contender of its own), or both. Once
+// every pool has
 // written its want, a new limit invalidates the cached split and every
 // pool's share, the first computed afresh and the others from the cache,
 // must be protocol.FairShares of the live wants.
@@ -59,6 +62,10 @@ func TestPoolSharesMatchFairShares(t *testing.T) {
 			}
 			p.Limit, p.Epoch = 1+rng.Int64N(40), p.Epoch+1
 			percall := round%3 == 2
+			// The per-call callers of the round and whether anonymous ones
+			// are refused too.
+			callers := [][]string{nil, {"p-2", "p1"}, {"p1", "q", "r"}, {"z"}}[round/3]
+			anon := len(callers) == 0 || len(callers) == 3
 			if percall {
 				// The pools give back every slot and per-call calls fill
 				// the limit: the next one is refused and records per-call
@@ -70,10 +77,30 @@ func TestPoolSharesMatchFairShares(t *testing.T) {
 				for range p.Limit {
 					mustAdmit(t, c, time.Minute)
 				}
-				if a := mustAcquire(t, c, time.Minute); a.Code != protocol.RefusedThrottled {
-					t.Fatalf("round %d: per-call acquire = %v, want throttled", round, a.Code)
+				refuse := func(args protocol.AcquireArgs) {
+					args.LeaseID, args.TTL = leaseID(), time.Minute
+					a, err := c.Acquire(ctxT(t), args)
+					if err != nil {
+						t.Fatalf("round %d: Acquire: %v", round, err)
+					}
+					if a.Code != protocol.RefusedThrottled {
+						t.Fatalf("round %d: per-call acquire = %v, want throttled", round, a.Code)
+					}
 				}
-				wants[protocol.PerCallContender] = p.Limit
+				if anon {
+					refuse(protocol.AcquireArgs{})
+					wants[protocol.PerCallContender] = p.Limit
+				}
+				for j, id := range callers {
+					args := protocol.AcquireArgs{CallerID: id}
+					if j == 0 {
+						// A job key's arguments come before the caller id.
+						args.JobKey, args.JobVersion, args.JobTTL = "job", int64(round), time.Minute
+					}
+					refuse(args)
+					refuse(args) // the same caller again: still one contender
+					wants[protocol.PerCallerContender(id)] = p.Limit
+				}
 			}
 			for _, id := range ids {
 				pools[id].refresh(t, wants[id], nil)
@@ -95,6 +122,9 @@ func TestPoolSharesMatchFairShares(t *testing.T) {
 				got[id] = pools[id].refresh(t, wants[id], nil).Share
 			}
 			delete(want, protocol.PerCallContender)
+			for _, id := range callers {
+				delete(want, protocol.PerCallerContender(id))
+			}
 			for _, id := range ids {
 				if got[id] != want[id] {
 					t.Errorf("round %d, limit %d, wants %v: shares %v, FairShares %v", round, p.Limit, wants, got, want)
@@ -103,13 +133,68 @@ func TestPoolSharesMatchFairShares(t *testing.T) {
 			}
 			if percall {
 				// End the round's per-call leases and demand.
-				if err := rdb.Del(ctxT(t), c.Keys().Leases, c.Keys().Wants).Err(); err != nil {
+				if err := rdb.Del(ctxT(t), c.Keys().Leases, c.Keys().Wants, c.Keys().Callers).Err(); err != nil {
 					t.Fatal(err)
 				}
 				for _, tp := range pools {
 					tp.held = nil
 				}
 			}
+		}
+	})
+}
+
+// TestAcquireRecordsPerCallCallers: a refusal for want of a slot scores a
+// caller that names itself in the callers set, once however often it is
+// refused, and drops callers silent for more than a second; an anonymous
+// refusal writes the wants hash's 'percall' field instead. An admission
+// records nothing.
+func TestAcquireRecordsPerCallCallers(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		k := c.Keys()
+		mustPublish(t, c, policy(1))
+		acquire := func(caller string) protocol.Code {
+			a, err := c.Acquire(ctxT(t), protocol.AcquireArgs{LeaseID: leaseID(), TTL: time.Minute, CallerID: caller})
+			if err != nil {
+				t.Fatalf("Acquire: %v", err)
+			}
+			return a.Code
+		}
+		if got := acquire("a"); got != protocol.Admitted {
+			t.Fatalf("first acquire = %v, want admitted", got)
+		}
+		if n := rdb.Exists(ctxT(t), k.Callers).Val(); n != 0 {
+			t.Fatalf("an admission wrote the callers key")
+		}
+		// A caller last refused long ago: pruned by the next refusal.
+		if err := rdb.ZAdd(ctxT(t), k.Callers, redis.Z{Score: 1, Member: "old"}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, caller := range []string{"a", "b", "a"} {
+			if got := acquire(caller); got != protocol.RefusedThrottled {
+				t.Fatalf("acquire(%q) = %v, want throttled", caller, got)
+			}
+		}
+		got, err := rdb.ZRange(ctxT(t), k.Callers, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, []string{"a", "b"}) && !slices.Equal(got, []string{"b", "a"}) {
+			t.Errorf("callers = %v, want a and b", got)
+		}
+		if rdb.HExists(ctxT(t), k.Wants, protocol.PerCallContender).Val() {
+			t.Errorf("a named caller's refusal wrote the anonymous field")
+		}
+		if got := acquire(""); got != protocol.RefusedThrottled {
+			t.Fatalf("anonymous acquire = %v, want throttled", got)
+		}
+		if !rdb.HExists(ctxT(t), k.Wants, protocol.PerCallContender).Val() {
+			t.Errorf("an anonymous refusal did not write the 'percall' field")
+		}
+		if n := rdb.ZCard(ctxT(t), k.Callers).Val(); n != 2 {
+			t.Errorf("an anonymous refusal changed the callers set: %d members", n)
 		}
 	})
 }

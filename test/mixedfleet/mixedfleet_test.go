@@ -91,10 +91,14 @@ type workerStats struct {
 
 // dependencyServer is the shared dependency: it counts calls in flight and by
 // language, and answers 503 while down.
+// dependencyCall is how long the dependency takes to answer a call.
+const dependencyCall = 10 * time.Millisecond
+
 type dependencyServer struct {
 	inFlight, peak atomic.Int64
 	down           atomic.Bool
 	byLang         sync.Map // lang -> *atomic.Int64
+	byPID          sync.Map // the worker's process id (X-PID) -> *atomic.Int64
 	lastArrival    atomic.Int64
 }
 
@@ -109,13 +113,26 @@ func (d *dependencyServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	c, _ := d.byLang.LoadOrStore(r.Header.Get("X-Lang"), new(atomic.Int64))
 	c.(*atomic.Int64).Add(1)
-	time.Sleep(10 * time.Millisecond)
+	if pid := r.Header.Get("X-PID"); pid != "" {
+		c, _ := d.byPID.LoadOrStore(pid, new(atomic.Int64))
+		c.(*atomic.Int64).Add(1)
+	}
+	time.Sleep(dependencyCall)
 	d.inFlight.Add(-1)
 	if d.down.Load() {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
 	}
 	_, _ = io.WriteString(w, "ok")
+}
+
+// callsOf is the number of calls that the worker process pid made.
+func (d *dependencyServer) callsOf(pid int) int64 {
+	c, ok := d.byPID.Load(strconv.Itoa(pid))
+	if !ok {
+		return 0
+	}
+	return c.(*atomic.Int64).Load()
 }
 
 func (d *dependencyServer) calls(lang string) int64 {
@@ -439,6 +456,7 @@ func goWorker() int {
 			return err
 		}
 		req.Header.Set("X-Lang", lang)
+		req.Header.Set("X-PID", strconv.Itoa(os.Getpid()))
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			count(func() { st.Failed++ }) // the guard reports it as a failure too

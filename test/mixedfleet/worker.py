@@ -35,7 +35,7 @@ def add(key, sub=None):
 
 
 def fetch():
-    req = urllib.request.Request(URL, headers={"X-Lang": "python"})
+    req = urllib.request.Request(URL, headers={"X-Lang": "python", "X-PID": str(os.getpid())})
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
             r.read()

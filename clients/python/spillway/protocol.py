@@ -134,8 +134,13 @@ class Keys:
 
     @property
     def wants(self) -> str:
-        """Live demand for slots: batching pools' wants and per-call refusals."""
+        """Live demand for slots: batching pools' wants and anonymous per-call refusals."""
         return self.prefix + "wants"
+
+    @property
+    def callers(self) -> str:
+        """Per-call callers refused for want of a slot in the last second, by time (ms)."""
+        return self.prefix + "callers"
 
     @property
     def changes(self) -> str:
@@ -221,7 +226,12 @@ class BudgetDecision:
 class Client:
     """Runs the protocol's scripts for one dependency over a redis.Redis."""
 
-    def __init__(self, rdb: "redis.Redis", dependency: str | Dependency):
+    def __init__(self, rdb: "redis.Redis", dependency: str | Dependency,
+                 caller_id: Optional[str] = None):
+        """caller_id names this client in acquisitions: refused for want of a
+        slot, it is a contender of its own in the batching pools' fair split
+        (docs/protocol.md). None draws a random one; "" makes the client
+        anonymous (all anonymous callers count as one contender)."""
         if rdb is None:
             raise ValueError("redis client must not be None")
         self.dep = dependency if isinstance(dependency, Dependency) else Dependency.parse(dependency)
@@ -229,7 +239,8 @@ class Client:
         self.rdb = rdb
         self.keys = Keys.of(self.dep)
         k = self.keys
-        self._acquire_keys = [k.state, k.leases, k.gcra, k.probes, k.wants]
+        self._acquire_keys = [k.state, k.leases, k.gcra, k.probes, k.wants, k.callers]
+        self.caller_id = new_lease_id() if caller_id is None else caller_id
         # Every release passes the state and probes keys: a failure or
         # timeout may trip the breaker in the fleet's path (lib.lua trip).
         self._release_keys = [k.leases, k.stats, k.state, k.probes]
@@ -302,6 +313,10 @@ class Client:
                 raise ValueError(f"job ttl must be at least 1ms, got {job_ttl_ms}")
             keys = keys + [self.keys.job(job_key)]
             args += [int(job_version), int(job_ttl_ms)]
+        if self.caller_id:
+            if not job_key:
+                args += ["", ""]
+            args.append(self.caller_id)
         res = self.run(SCRIPTS["acquire"], keys, args, timeout)
         code = _int(res[0])
         if code == NO_POLICY:

@@ -25,6 +25,7 @@ def test_keys_carry_the_version_and_the_hash_tag():
     assert k.job("order-42") == "spillway:v4:{shop/payments}:job:order-42"
     assert k.pools == "spillway:v4:{shop/payments}:pools"
     assert k.wants == "spillway:v4:{shop/payments}:wants"
+    assert k.callers == "spillway:v4:{shop/payments}:callers"
 
 
 @pytest.mark.parametrize("bad", ["nons", "Shop/x", "shop/", "/x", "shop/x_y", "a{b/c"])
@@ -48,8 +49,19 @@ def test_acquire_admits_up_to_the_limit_then_throttles(rdb, dep):
     assert 0 < t.wait_ms <= 5000
     assert rdb.zscore(c.keys.leases, "l3") is None, "a refusal takes no lease"
     assert c.live_leases() == 2
-    # A slot refusal records per-call demand, which batching pools count.
+    # A slot refusal records per-call demand, which batching pools count:
+    # the client's caller id scored in the callers set, one contender each.
+    assert abs(int(rdb.zscore(c.keys.callers, c.caller_id)) - t.now_ms) <= 1
+    assert rdb.hget(c.keys.wants, "percall") is None
+    j = c.acquire("l4", 5000, job_key="j", job_version=1, job_ttl_ms=5000)
+    assert j.code == P.REFUSED_THROTTLED
+    assert rdb.zcard(c.keys.callers) == 1, "the same caller counts once"
+    # An anonymous client's refusals count together, in the wants hash.
+    anon = P.Client(rdb, dep, caller_id="")
+    t = anon.acquire("l5", 5000)
+    assert t.code == P.REFUSED_THROTTLED
     assert abs(int(rdb.hget(c.keys.wants, "percall")) - t.now_ms) <= 1
+    assert rdb.zcard(c.keys.callers) == 1
 
 
 def test_open_rate_and_superseded_refusals(rdb, dep):

@@ -1,8 +1,9 @@
 -- acquire: admit one call, or say why not.
 -- KEYS[1] state  KEYS[2] leases  KEYS[3] gcra  KEYS[4] probes  KEYS[5] wants
--- [KEYS[6] job]
+-- KEYS[6] callers  [KEYS[7] job]
 -- ARGV[1] lease id  ARGV[2] lease ttl ms  ARGV[3] deadline ms (Redis time, 0
--- for none)  [ARGV[4] job version  ARGV[5] job ttl ms]
+-- for none)  [ARGV[4] job version  ARGV[5] job ttl ms (both '' without a
+-- job key)  [ARGV[6] caller id ('' or absent: an anonymous caller)]]
 -- Returns {code, ..., now ms}: 0 admitted {0, epoch, limit, state, now}, the
 -- lease member being the lease id; 1 open {1, ms until probes, now}; 2
 -- throttled {2, ms until the first lease expires, held, limit, now}; 3 rate
@@ -57,8 +58,8 @@ end
 
 if deadline > 0 and now_ms > deadline then return {7, now_ms} end
 
-if KEYS[6] then
-  local newest = redis.call('GET', KEYS[6])
+if KEYS[7] then
+  local newest = redis.call('GET', KEYS[7])
   if newest and tonumber(newest) > tonumber(ARGV[4]) then return {4, newest, now_ms} end
 end
 
@@ -104,9 +105,20 @@ else
   -- sweep spares the encoding member, scored -inf (see the ZADD below).
   held = redis.call('ZCOUNT', KEYS[2], '(' .. now_key, '+inf')
   if held >= limit then
-    -- Per-call demand: batching pools (pool.lua) count it as one contender
-    -- for a fair share, and give back idle slots above their share.
-    redis.call('HSET', KEYS[5], 'percall', now_key)
+    -- Per-call demand: batching pools (pool.lua) count each caller refused
+    -- within the last second as one contender for a fair share, and give
+    -- back idle slots above their share. A caller that names itself is
+    -- scored in the callers set, which keeps only the last second (pruned
+    -- here, so that pool.lua counts the live callers with one ZCOUNT); the
+    -- anonymous ones together are one contender, the field 'percall'.
+    local caller = ARGV[6]
+    if caller and caller ~= '' then
+      redis.call('ZADD', KEYS[6], now_key, caller)
+      redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. int(now_ms - 1000))
+      redis.call('PEXPIRE', KEYS[6], 2000)
+    else
+      redis.call('HSET', KEYS[5], 'percall', now_key)
+    end
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '(-inf', now_key)
     local first = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now_key, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     local wait = 0
@@ -147,8 +159,8 @@ if held == 0 then
 else
   redis.call('ZADD', KEYS[2], 'NX', expiry, ARGV[1])
 end
-if KEYS[6] then
-  redis.call('SET', KEYS[6], ARGV[4], 'PX', ARGV[5])
+if KEYS[7] then
+  redis.call('SET', KEYS[7], ARGV[4], 'PX', ARGV[5])
 end
 -- A call the dead-man rule admitted answers Open, a stale HalfOpen's too: it
 -- is not a probe (probes.admitted did not count it), and clients pass the

@@ -3,7 +3,7 @@
 -- aggregated outcome report, and grant new slots and rate tokens up to what
 -- is free and fair.
 -- KEYS[1] state  KEYS[2] leases  KEYS[3] gcra  KEYS[4] stats  KEYS[5] pools
--- KEYS[6] wants
+-- KEYS[6] wants  KEYS[7] callers
 -- ARGV[1] pool id  ARGV[2] request id  ARGV[3] deadline ms (Redis time, 0
 -- for none)  ARGV[4] lease ttl ms  ARGV[5] want (slots the process could use
 -- now: in flight + waiting)  ARGV[6] rate tokens wanted  ARGV[7] token lead
@@ -40,27 +40,34 @@ end
 -- The max-min fair split of limit over the live contenders: the entries of
 -- the wants hash written in the last second with a want above 0 (the
 -- calling pool's own with its current want and waiting), and live per-call
--- demand (the field 'percall', written by a refused acquire within the last
--- second) as one contender that wants the whole limit. Wants at or below
+-- demand as contenders that each want the whole limit: every member of the
+-- callers set scored in the last second (a per-call caller that acquire
+-- refused for want of a slot, named 'percall:<caller id>'), and the
+-- anonymous callers together (the field 'percall', written by a refused
+-- acquire within the last second) as one. Wants at or below
 -- the water level are met in full; the others get the level, floor(what is
 -- left / how many), and the remainder goes one slot each to the first of
 -- them by id (byte order), so the shares add up to the limit exactly
 -- (protocol.FairShares in Go). Returns the split
 -- as {level, remainder, edge (the id of the last contender given one slot
 -- more), waiting contenders (want above held; per-call demand always
--- waits), per-call demand live}. Deletes up to 8 entries silent for 10
+-- waits), per-call contenders}. Deletes up to 8 entries silent for 10
 -- minutes, with their pools records.
-local function pool_split(wants, pools, id, want, waiting, limit, now_ms)
+local function pool_split(wants, callers, pools, id, want, waiting, limit, now_ms)
   local all = redis.call('HGETALL', wants)
-  local cont, nwait, percall, dead = {}, 0, false, 0
+  local cont, nwait, percall, dead = {}, 0, 0, 0
   if want > 0 then cont[1] = {id, want} end
   if waiting then nwait = 1 end
+  for _, c in ipairs(redis.call('ZRANGEBYSCORE', callers, int(now_ms - 1000), '+inf')) do
+    cont[#cont + 1] = {'percall:' .. c, limit}
+    nwait, percall = nwait + 1, percall + 1
+  end
   for i = 1, #all, 2 do
     local f, v = all[i], all[i + 1]
     if f == 'percall' then
       if now_ms - (tonumber(v) or 0) <= 1000 then
         cont[#cont + 1] = {f, limit}
-        nwait, percall = nwait + 1, true
+        nwait, percall = nwait + 1, percall + 1
       end
     elseif f ~= id and f ~= 'split' then
       local w, h, at = string.match(v, '^(%d+) (%d+) (%d+)$')
@@ -108,10 +115,10 @@ local function pool_share(split, id, want)
 end
 
 -- The split is cached in the wants hash (field 'split': '<at ms> <limit>
--- <level> <remainder> <waiting> <per-call 0|1> <edge>') so that a refresh
--- costs one HMGET, not a pass over every process's entry. The cache serves
--- for 250 ms at most, and not at all when the limit or the liveness of
--- per-call demand changed since, or when the calling pool's own entry is
+-- <level> <remainder> <waiting> <per-call contenders> <edge>') so that a
+-- refresh costs one HMGET and one ZCOUNT, not a pass over every process's
+-- entry. The cache serves for 250 ms at most, and not at all when the limit
+-- or the number of live per-call contenders changed since, or when the calling pool's own entry is
 -- not the one it was computed with in what matters: live, wanting, waiting,
 -- at or below the level. A pool whose entry changes in those ways deletes
 -- the cache after writing its entry, so that the next refresh of every pool
@@ -122,8 +129,8 @@ end
 local function split_cached(cached, limit, percall, now_ms)
   if not cached then return nil end
   local at, lim, level, rem, nwait, pc, edge = string.match(cached,
-    '^(%d+) (%d+) (%d+) (%d+) (%d+) ([01]) ?(.*)$')
-  if not at or now_ms - tonumber(at) > 250 or tonumber(lim) ~= limit or (pc == '1') ~= percall then
+    '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
+  if not at or now_ms - tonumber(at) > 250 or tonumber(lim) ~= limit or tonumber(pc) ~= percall then
     return nil
   end
   return {tonumber(level), tonumber(rem), edge, tonumber(nwait), percall}
@@ -315,7 +322,10 @@ if state == 'Closed' or state == 'Ramping' then
   local ow, oh, oat = string.match(w[2] or '', '^(%d+) (%d+) (%d+)$')
   ow, oh = tonumber(ow) or 0, tonumber(oh) or 0
   local old_live = oat and now_ms - tonumber(oat) <= 1000
-  local percall = now_ms - (tonumber(w[3]) or 0) <= 1000
+  -- Live per-call contenders: the callers scored in the last second, and
+  -- the anonymous ones as one.
+  local percall = redis.call('ZCOUNT', KEYS[7], int(now_ms - 1000), '+inf')
+  if now_ms - (tonumber(w[3]) or 0) <= 1000 then percall = percall + 1 end
   local split = split_cached(w[1], limit, percall, now_ms)
   -- The split counted this pool as waiting as its entry said (a pool whose
   -- waiting flipped since deleted the split, below).
@@ -325,9 +335,9 @@ if state == 'Closed' or state == 'Ramping' then
   end
   if not split then
     if not old_live then was_waiting = want > kept end
-    split = pool_split(KEYS[6], KEYS[5], id, want, was_waiting, limit, now_ms)
+    split = pool_split(KEYS[6], KEYS[7], KEYS[5], id, want, was_waiting, limit, now_ms)
     redis.call('HSET', KEYS[6], 'split', int(now_ms) .. ' ' .. int(limit) .. ' ' .. int(split[1]) .. ' ' ..
-      int(split[2]) .. ' ' .. int(split[4]) .. ' ' .. (split[5] and '1' or '0') .. ' ' .. split[3])
+      int(split[2]) .. ' ' .. int(split[4]) .. ' ' .. int(split[5]) .. ' ' .. split[3])
   end
   share = pool_share(split, id, want)
   -- Another contender waits: the waiting ones less this pool, as the split
