@@ -2,19 +2,13 @@ package mixedfleet
 
 import (
 	"fmt"
-	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
 
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/pkg/protocol"
-	"github.com/spillway-dev/spillway/pkg/retry"
 	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
@@ -47,33 +41,8 @@ func TestBatchingWorkersJoinTheMixedFleet(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
 
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	proto, err := protocol.NewClient(rdb, protocol.Dependency{Namespace: "fleet", Name: "vehicle-api"})
-	g.Expect(err).NotTo(HaveOccurred())
-	policy := protocol.Published{
-		State: wire.Closed, Limit: batchLimit, Capacity: batchLimit, Epoch: 1,
-		Backoff: retry.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond, Jitter: retry.JitterFull},
-		// Ratio 0: the budget is exactly minRetries over a window longer
-		// than the test, so the fleet's grants can be counted.
-		Budget:         retry.Budget{Ratio: 0, MinRetries: minRetries, Window: 10 * time.Minute},
-		BreakerWindow:  30 * time.Second,
-		HalfOpenProbes: 1,
-	}
-	_, err = proto.Publish(ctx, policy)
-	g.Expect(err).NotTo(HaveOccurred())
-
-	dep := &dependencyServer{}
-	api := httptest.NewServer(dep)
-	defer api.Close()
-
-	self, err := os.Executable()
-	g.Expect(err).NotTo(HaveOccurred())
-	repo, err := filepath.Abs(filepath.Join("..", ".."))
-	g.Expect(err).NotTo(HaveOccurred())
-	env := append(os.Environ(),
-		mixedRedisEnv+"="+srv.Addr(), mixedDepEnv+"="+dependency, mixedURLEnv+"="+api.URL,
-		mixedThreadsEnv+"="+strconv.Itoa(batchThreads), "PYTHONPATH="+filepath.Join(repo, "clients", "python"))
+	fl := startMixedFleet(t, batchLimit, batchThreads)
+	rdb, proto, policy, dep, env, self, repo := fl.rdb, fl.proto, fl.policy, fl.dep, fl.env, fl.self, fl.repo
 	byKind := map[string][]*fleetProc{}
 	var all []*fleetProc
 	for range workers {
@@ -182,7 +151,7 @@ func TestBatchingWorkersJoinTheMixedFleet(t *testing.T) {
 	// dependency.
 	policy.State, policy.Limit, policy.Epoch = wire.Open, 0, 2
 	policy.OpenUntil = time.Now().Add(time.Minute)
-	_, err = proto.Publish(ctx, policy)
+	_, err := proto.Publish(ctx, policy)
 	g.Expect(err).NotTo(HaveOccurred())
 	openAt := time.Now()
 	g.Eventually(each("refused open", func(k string) bool {

@@ -254,33 +254,8 @@ func TestGoAndPythonWorkersShareOneLimitBreakerAndBudget(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
 
-	srv := redistest.Start(t)
-	rdb := srv.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
-	proto, err := protocol.NewClient(rdb, protocol.Dependency{Namespace: "fleet", Name: "vehicle-api"})
-	g.Expect(err).NotTo(HaveOccurred())
-	policy := protocol.Published{
-		State: wire.Closed, Limit: limit, Capacity: limit, Epoch: 1,
-		Backoff: retry.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond, Jitter: retry.JitterFull},
-		// Ratio 0: the budget is exactly minRetries over a window longer
-		// than the test, so the fleet's grants can be counted.
-		Budget:         retry.Budget{Ratio: 0, MinRetries: minRetries, Window: 10 * time.Minute},
-		BreakerWindow:  30 * time.Second,
-		HalfOpenProbes: 1,
-	}
-	_, err = proto.Publish(ctx, policy)
-	g.Expect(err).NotTo(HaveOccurred())
-
-	dep := &dependencyServer{}
-	api := httptest.NewServer(dep)
-	defer api.Close()
-
-	self, err := os.Executable()
-	g.Expect(err).NotTo(HaveOccurred())
-	repo, err := filepath.Abs(filepath.Join("..", ".."))
-	g.Expect(err).NotTo(HaveOccurred())
-	env := append(os.Environ(),
-		mixedRedisEnv+"="+srv.Addr(), mixedDepEnv+"="+dependency, mixedURLEnv+"="+api.URL,
-		mixedThreadsEnv+"="+strconv.Itoa(threads), "PYTHONPATH="+filepath.Join(repo, "clients", "python"))
+	fl := startMixedFleet(t, limit, threads)
+	rdb, proto, policy, dep, env, self, repo := fl.rdb, fl.proto, fl.policy, fl.dep, fl.env, fl.self, fl.repo
 	var goProcs, pyProcs []*fleetProc
 	for i := range workers {
 		cmd := exec.Command(self, "-test.run=^$")
@@ -315,7 +290,7 @@ func TestGoAndPythonWorkersShareOneLimitBreakerAndBudget(t *testing.T) {
 	// would): both languages are refused, nothing reaches the dependency.
 	policy.State, policy.Limit, policy.Epoch = wire.Open, 0, 2
 	policy.OpenUntil = time.Now().Add(time.Minute)
-	_, err = proto.Publish(ctx, policy)
+	_, err := proto.Publish(ctx, policy)
 	g.Expect(err).NotTo(HaveOccurred())
 	openAt := time.Now()
 	g.Eventually(func() bool {
@@ -520,4 +495,51 @@ func goWorker() int {
 	wg.Wait()
 	report()
 	return 0
+}
+
+// mixedFleet is what a mixed-fleet test starts its workers from: a
+// redis-server with a Closed policy published, the dependency they call, and
+// the environment and binary to start them with.
+type mixedFleet struct {
+	rdb    *redis.Client
+	proto  *protocol.Client
+	policy protocol.Published
+	dep    *dependencyServer
+	env    []string // for every worker: Redis, the dependency, threads
+	self   string   // this test binary, for Go workers
+	repo   string   // the repository's root
+}
+
+// startMixedFleet publishes a Closed policy at limit (its retry budget
+// exactly minRetries over a window longer than the test, so the fleet's
+// grants can be counted) and starts the dependency; workers run threads
+// goroutines or threads each.
+func startMixedFleet(t *testing.T, limit int64, threads int) mixedFleet {
+	t.Helper()
+	g := NewWithT(t)
+	srv := redistest.Start(t)
+	f := mixedFleet{rdb: srv.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true }), dep: &dependencyServer{}}
+	var err error
+	f.proto, err = protocol.NewClient(f.rdb, protocol.Dependency{Namespace: "fleet", Name: "vehicle-api"})
+	g.Expect(err).NotTo(HaveOccurred())
+	f.policy = protocol.Published{
+		State: wire.Closed, Limit: limit, Capacity: limit, Epoch: 1,
+		Backoff:        retry.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond, Jitter: retry.JitterFull},
+		Budget:         retry.Budget{Ratio: 0, MinRetries: minRetries, Window: 10 * time.Minute},
+		BreakerWindow:  30 * time.Second,
+		HalfOpenProbes: 1,
+	}
+	_, err = f.proto.Publish(t.Context(), f.policy)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	api := httptest.NewServer(f.dep)
+	t.Cleanup(api.Close)
+	f.self, err = os.Executable()
+	g.Expect(err).NotTo(HaveOccurred())
+	f.repo, err = filepath.Abs(filepath.Join("..", ".."))
+	g.Expect(err).NotTo(HaveOccurred())
+	f.env = append(os.Environ(),
+		mixedRedisEnv+"="+srv.Addr(), mixedDepEnv+"="+dependency, mixedURLEnv+"="+api.URL,
+		mixedThreadsEnv+"="+strconv.Itoa(threads), "PYTHONPATH="+filepath.Join(f.repo, "clients", "python"))
+	return f
 }
