@@ -44,14 +44,11 @@ if st[1] ~= '4' then return {6, tonumber(st[1]) or -1} end
 local own = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[1]))
 if own and own > now_ms then
   local limit, epoch, answer = math.floor(tonumber(st[3]) or 0), tonumber(st[4]), st[2]
-  if st[2] == 'Open' or st[2] == 'HalfOpen' then
-    local stale_after, updated = tonumber(st[9]) or 0, tonumber(st[8])
-    if stale_after > 0 and updated ~= nil and now_ms > updated + stale_after then
-      -- the dead-man rule's admission answers Open (below): never a probe
-      limit, answer = math.floor(tonumber(st[10]) or 1), 'Open'
-    elseif st[2] == 'HalfOpen' and redis.call('HEXISTS', KEYS[4], 'lease:' .. ARGV[1]) == 0 then
-      epoch = 0
-    end
+  if dead_man(st[2], st[8], st[9], now_ms) then
+    -- the dead-man rule's admission answers Open (below): never a probe
+    limit, answer = math.floor(tonumber(st[10]) or 1), 'Open'
+  elseif st[2] == 'HalfOpen' and redis.call('HEXISTS', KEYS[4], 'lease:' .. ARGV[1]) == 0 then
+    epoch = 0
   end
   return {0, epoch, limit, answer, now_ms}
 end
@@ -65,19 +62,8 @@ end
 
 local state = st[2]
 local limit = math.floor(tonumber(st[3]) or 0)
--- The dead-man rule: an Open or HalfOpen that no manager has published for
--- stale_after_ms (the manager is dead, unschedulable or partitioned from
--- Redis) admits the policy's probes, at most half_open_probes calls in
--- flight, until a manager publishes again. The fleet then trickles at the
--- probe rate instead of refusing every call for as long as the manager is
--- gone (Open), or once the epoch's probes are spent (HalfOpen: nobody reads
--- their outcomes to start the next epoch).
-local stale = false
-if state == 'Open' or state == 'HalfOpen' then
-  local stale_after = tonumber(st[9]) or 0
-  local updated = tonumber(st[8])
-  stale = stale_after > 0 and updated ~= nil and now_ms > updated + stale_after
-end
+-- The dead-man rule (lib.lua dead_man).
+local stale = dead_man(state, st[8], st[9], now_ms)
 if stale then
   limit = math.floor(tonumber(st[10]) or 1)
   state = 'Stale'

@@ -305,12 +305,7 @@ if tripped then st = read_state() end
 
 local state = st[2]
 local limit = math.floor(tonumber(st[3]) or 0)
-local stale = false
-if state == 'Open' or state == 'HalfOpen' then
-  local stale_after = tonumber(st[9]) or 0
-  local updated = tonumber(st[8])
-  stale = stale_after > 0 and updated ~= nil and now_ms > updated + stale_after
-end
+local stale = dead_man(state, st[8], st[9], now_ms)
 
 local share, excess, granted = 0, 0, {}
 local tokens, first, interval, spread = 0, 0, 0, 0

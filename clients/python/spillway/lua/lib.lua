@@ -292,6 +292,20 @@ local function closed_totals(stats, tag, names, from_s, now_s, cached)
   return totals
 end
 
+-- The dead-man rule: an Open or HalfOpen that no manager has published for
+-- stale_after_ms (the manager is dead, unschedulable or partitioned from
+-- Redis) is stale: acquire and pool admit the policy's probes, at most
+-- half_open_probes calls in flight, until a manager publishes again. The
+-- fleet then trickles at the probe rate instead of refusing every call for
+-- as long as the manager is gone (Open), or once the epoch's probes are
+-- spent (HalfOpen: nobody reads their outcomes to start the next epoch).
+-- state, updated and stale_after are the state hash's fields as read.
+local function dead_man(state, updated, stale_after, now_ms)
+  if state ~= 'Open' and state ~= 'HalfOpen' then return false end
+  local after, at = tonumber(stale_after) or 0, tonumber(updated)
+  return after > 0 and at ~= nil and now_ms > at + after
+end
+
 -- The in-path trip: a Closed or Ramping breaker opens as the workers report
 -- the failures that cross its rule, without waiting for the controller's next
 -- evaluation. Called with the current second's counters already counted,
