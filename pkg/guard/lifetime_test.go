@@ -103,7 +103,12 @@ func TestPanicInClassifyReleasesTheSlot(t *testing.T) {
 		g := NewWithT(t)
 		rdb := fastClient(redistest.Start(t))
 		publish(t, rdb, defaultPublished(1))
-		gd := newGuard(t, rdb, guard.Options{Classify: func(error) protocol.Outcome { panic("classifier bug") }, Batch: batch})
+		// gd waits for its slot: the check below is a per-call caller that
+		// may be refused while gd's pool still holds the slot, and a
+		// refused per-call caller is owed its fair share for 1 s after
+		// (docs/protocol.md §4 pool "Fair share"), admitted since or not.
+		gd := newGuard(t, rdb, guard.Options{Classify: func(error) protocol.Outcome { panic("classifier bug") },
+			WaitForSlot: true, MaxWait: 3 * time.Second, Batch: batch})
 
 		for _, run := range []func(){
 			func() { _ = gd.Do(t.Context(), guard.Job{}, ok) },
