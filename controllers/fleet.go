@@ -40,10 +40,7 @@ func releasedState(params policy.Params, paramsErr error, prev protocol.Publishe
 	// The released fleet never trips again (no controller would take the
 	// trip over), and the release acknowledges the last trip, which publish
 	// would otherwise refuse it for (protocol.ErrTripped).
-	next.Trip = protocol.Trip{Acknowledged: prev.Trip.Acknowledged}
-	if prev.TrippedAt.After(next.Trip.Acknowledged) {
-		next.Trip.Acknowledged = prev.TrippedAt
-	}
+	next.Trip = protocol.Trip{Acknowledged: prev.TripSeen()}
 	return closedAtCapacity(next, now, prev.Epoch+2), true
 }
 

@@ -131,7 +131,7 @@ func Plan(in Input) Output {
 	clk := fixedClock(in.Now)
 	trippedAt, tripped := pendingTrip(in.Previous)
 	prev := beforeTrip(in.Previous)
-	b, r := restore(in.Params, prev, clk)
+	restoreAt := clk
 	if tripped {
 		// The trip is the breaker's transition, made at its own time: the
 		// breaker and the ramp move as they would have, had the controller
@@ -139,8 +139,9 @@ func Plan(in Input) Output {
 		if trippedAt.After(in.Now) {
 			trippedAt = in.Now
 		}
-		b, r = restore(in.Params, prev, fixedClock(trippedAt))
+		restoreAt = fixedClock(trippedAt)
 	}
+	b, r := restore(in.Params, prev, restoreAt)
 
 	window := breaker.Counts{
 		Calls:    in.Window.Calls,
@@ -278,7 +279,7 @@ func Plan(in Input) Output {
 		next.Epoch++
 	}
 	next.Trip = tripFor(in.Params, next, r, in.Now)
-	next.Trip.Acknowledged = acknowledged(in.Previous)
+	next.Trip.Acknowledged = in.Previous.TripSeen()
 	return Output{Next: next, Transitions: transitions}
 }
 

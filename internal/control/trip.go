@@ -43,13 +43,6 @@ func beforeTrip(prev protocol.Published) protocol.Published {
 	return prev
 }
 
-// acknowledged is the last trip a plan made from prev has seen: prev's
-// TrippedAt, or the one acknowledged before when it is later (a trip is
-// never unacknowledged again).
-func acknowledged(prev protocol.Published) time.Time {
-	return later(prev.Trip.Acknowledged, prev.TrippedAt)
-}
-
 // tripFor is the trip's part of the publication next, planned at now with
 // the ramp r: the breaker's rule, where the window the evaluator will read
 // starts (WindowStart, one second early as the evaluator reads it, so that

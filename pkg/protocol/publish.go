@@ -121,6 +121,16 @@ type Trip struct {
 	Acknowledged time.Time
 }
 
+// TripSeen is the last trip a plan made from p has seen, and so acknowledges
+// (Trip.Acknowledged): p's TrippedAt, or the trip acknowledged before when
+// it is later (a trip is never unacknowledged again).
+func (p Published) TripSeen() time.Time {
+	if p.TrippedAt.After(p.Trip.Acknowledged) {
+		return p.TrippedAt
+	}
+	return p.Trip.Acknowledged
+}
+
 // RateBurst is the rate limiter's burst for a rate: a tenth of a second's
 // worth of calls, at least 1.
 func RateBurst(ratePerSecond int64) int64 {
