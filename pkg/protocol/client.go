@@ -177,7 +177,6 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 	}
 	keys := c.acquireKeys
 	args := []any{a.LeaseID, a.TTL.Milliseconds(), millis(a.Deadline)}
-	var job []any // the job's arguments: empty strings without a job key
 	if a.JobKey != "" {
 		if a.JobVersion < 0 || a.JobVersion > MaxJobVersion {
 			return Admission{}, fmt.Errorf("job version must be in [0, 2^53), got %d", a.JobVersion)
@@ -186,14 +185,11 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 			return Admission{}, fmt.Errorf("job ttl must be at least 1ms, got %v", a.JobTTL)
 		}
 		keys = []string{c.keys.State, c.keys.Leases, c.keys.GCRA, c.keys.Probes, c.keys.Wants, c.keys.Callers, c.keys.Job(a.JobKey)}
-		job = []any{a.JobVersion, a.JobTTL.Milliseconds()}
-	}
-	if job != nil {
-		args = append(args, job...)
+		args = append(args, a.JobVersion, a.JobTTL.Milliseconds())
 	}
 	if a.CallerID != "" {
-		if job == nil {
-			args = append(args, "", "")
+		if a.JobKey == "" {
+			args = append(args, "", "") // no job: ARGV[4] and ARGV[5] empty
 		}
 		args = append(args, a.CallerID)
 	}
