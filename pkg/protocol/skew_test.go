@@ -347,3 +347,47 @@ func TestPoolResendIsAnsweredAfterThePolicyIsGone(t *testing.T) {
 		}
 	})
 }
+
+// TestTwoVersionsScriptsOnOneConnection: version 4's scripts and this
+// version's, loaded on one Redis and run through one client connection, do
+// not collide: EVALSHA is keyed by each script's content, so each runs its
+// own text, and a NOSCRIPT for one (after SCRIPT FLUSH) loads that one only.
+func TestTwoVersionsScriptsOnOneConnection(t *testing.T) {
+	t.Parallel()
+	old := previousScripts(t)
+	srv, _ := sharedStandalone(t)
+	rdb := srv.Client(func(o *redis.Options) { o.PoolSize = 1 })
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := newClient(t, rdb)
+	k := c.Keys()
+	mustPublish(t, c, policy(2))
+	for round := range 2 {
+		if res := v4Acquire(t, old, rdb, k, "old-"+itoa(round)); res[0].(int64) != 0 {
+			t.Fatalf("round %d: version 4 acquire = %v, want admitted", round, res)
+		}
+		if a, err := c.Acquire(ctxT(t), protocol.AcquireArgs{LeaseID: "new-" + itoa(round), TTL: time.Second}); err != nil || a.Code != protocol.Admitted {
+			t.Fatalf("round %d: version %d acquire = %+v, %v; want admitted", round, protocol.Version, a, err)
+		}
+		for _, id := range []string{"old-" + itoa(round), "new-" + itoa(round)} {
+			if _, err := c.Release(ctxT(t), id, 0, protocol.Success, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if round == 0 {
+			if err := rdb.ScriptFlush(ctxT(t)).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	lib, err1 := os.ReadFile(filepath.Join("lua", "lib.lua"))
+	acq, err2 := os.ReadFile(filepath.Join("lua", "acquire.lua"))
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	if now := redis.NewScript(string(lib) + string(acq)).Hash(); old["acquire"].Hash() == now {
+		t.Errorf("version 4's acquire and this version's have one SHA1 %s", now)
+	}
+	if n := rdb.PoolStats().TotalConns; n != 1 {
+		t.Errorf("%d connections, want 1", n)
+	}
+}
