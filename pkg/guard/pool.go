@@ -506,10 +506,15 @@ func (p *pool) dieLocked(s *poolSlot) {
 
 // retire takes the slot of a Permit past MaxCallLifetime out of the pool
 // without returning it: the call may still run, so its lease expires with
-// its TTL, as a per-call lease that stops renewing does.
-func (p *pool) retire(s *poolSlot) {
+// its TTL, as a per-call lease that stops renewing does. It does nothing
+// once the slot is no longer pm's (its call ended and gave it back). The
+// caller holds pm.mu (lock order: a Permit's, then the pool's).
+func (p *pool) retire(s *poolSlot, pm *Permit) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if s.permit != pm {
+		return
+	}
 	p.dropLocked(s)
 	p.dieLocked(s)
 }
