@@ -79,6 +79,10 @@ type pool struct {
 	// local clock: LeaseTTL/2 after the last answered request was first
 	// sent (pool.lua keeps every held member live at least that long).
 	validUntil time.Time
+	// learnedAt is when the change channel last told the pool of a change
+	// (a new epoch, a state that does not batch, a lower limit): a reply to
+	// a request first sent before it does not undo it.
+	learnedAt time.Time
 	lastErr    error     // the last refresh's error; nil once one succeeds
 	failedAt   time.Time // when it failed
 	// slotsCapped and tokensCapped say that the last refresh got fewer
@@ -131,6 +135,11 @@ func (p *pool) modeLocked(now time.Time) poolMode {
 	case p.closed:
 		return modePerCall
 	case !now.Before(p.freshUntil):
+		return modeUnknown
+	case p.mode == modeBatch && !now.Before(p.validUntil):
+		// The slots may have expired in Redis (a LeaseTTL below about
+		// 2 × (Refresh + RedisTimeout) leaves the answer fresh longer):
+		// the expiry timer drops them, and no call starts on them before.
 		return modeUnknown
 	}
 	return p.mode
@@ -338,6 +347,9 @@ func (p *pool) leaveLocked(w *waiter) {
 // serveLocked hands idle slots (and rate tokens) to the waiting calls, the
 // longest waiting first.
 func (p *pool) serveLocked(now time.Time) {
+	if !now.Before(p.validUntil) {
+		return // the slots may have expired: the expiry timer drops them
+	}
 	for p.waiting > 0 && len(p.free) > 0 {
 		w := p.waiters[0]
 		if w.gone || w.slot != nil {
@@ -527,6 +539,11 @@ func (p *pool) expire() {
 	if time.Now().Before(p.validUntil) {
 		return // a refresh answered meanwhile
 	}
+	p.expireLocked()
+}
+
+// expireLocked drops every slot: they may have expired in Redis.
+func (p *pool) expireLocked() {
 	p.free, p.surplus = p.free[:0], 0
 	for _, s := range p.slots {
 		p.killLocked(s, true)
