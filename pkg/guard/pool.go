@@ -83,8 +83,8 @@ type pool struct {
 	// (a new epoch, a state that does not batch, a lower limit): a reply to
 	// a request first sent before it does not undo it.
 	learnedAt time.Time
-	lastErr    error     // the last refresh's error; nil once one succeeds
-	failedAt   time.Time // when it failed
+	lastErr   error     // the last refresh's error; nil once one succeeds
+	failedAt  time.Time // when it failed
 	// slotsCapped and tokensCapped say that the last refresh got fewer
 	// slots or tokens than it asked for: asking again before the next
 	// interval would spin on Redis.
