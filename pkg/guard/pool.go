@@ -145,6 +145,14 @@ func (p *pool) modeLocked(now time.Time) poolMode {
 	return p.mode
 }
 
+// contends reports whether the pool takes slots in batch mode: it is then a
+// contender of the fleet's fair split by its id.
+func (p *pool) contends() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mode == modeBatch && !p.closed
+}
+
 // failedRecently: the last refresh failed less than a refresh interval ago;
 // calls fail now instead of asking Redis again.
 func (p *pool) failedRecently(now time.Time) bool {
