@@ -10,6 +10,8 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/guard"
@@ -147,9 +149,17 @@ func TestLifetimeCutNeverReachesTheSlotsNextCall(t *testing.T) {
 		g := NewWithT(t)
 		rdb := fastClient(redistest.Start(t))
 		publish(t, rdb, defaultPublished(20))
-		// A cut slot is not returned: it comes back with its lease TTL.
-		const lifetime, ttl = 2 * time.Millisecond, 40 * time.Millisecond
-		gd := newGuard(t, rdb, guard.Options{LeaseTTL: ttl, MaxCallLifetime: lifetime, WaitForSlot: true, Batch: batch})
+		// A batching pool's cut slot is not returned: it comes back with its
+		// lease TTL, kept short. A per-call cut is released by Done: a TTL
+		// far above the renewals' lateness on a loaded machine keeps the
+		// leases from expiring unseen (their releases would count nothing).
+		const lifetime = 2 * time.Millisecond
+		ttl := time.Second
+		if batch.Enabled {
+			ttl = 40 * time.Millisecond
+		}
+		reg := prometheus.NewRegistry()
+		gd := newGuard(t, rdb, guard.Options{LeaseTTL: ttl, MaxCallLifetime: lifetime, WaitForSlot: true, Registerer: reg, Batch: batch})
 
 		var uncut, cut, lost, raced atomic.Int64
 		var wg sync.WaitGroup
@@ -188,7 +198,13 @@ func TestLifetimeCutNeverReachesTheSlotsNextCall(t *testing.T) {
 		t.Logf("%d calls ended by Done, %d cut at the lifetime (%d as Done ran), %d lost their lease; window: %d successes",
 			uncut.Load(), cut.Load()+raced.Load(), raced.Load(), lost.Load(), w.Successes)
 		g.Expect(cut.Load()).To(BeNumerically(">", 0), "no call was cut: the race was not run")
-		g.Expect(w.Successes).To(BeNumerically(">=", uncut.Load()), "calls that Done ended lost their outcome")
+		// A slot can be lost (a 40 ms lease on a loaded machine) after its
+		// call's Done cancelled the call and before it gave the slot back:
+		// the call counts as ended by Done, and its outcome, like a per-call
+		// release of an expired lease, counts nothing. Each such loss is in
+		// the lease-lost counter and not among the calls seen lost.
+		unseen := int64(testutil.ToFloat64(counter(t, reg, "spillway_worker_lease_lost_total"))) - lost.Load()
+		g.Expect(w.Successes).To(BeNumerically(">=", uncut.Load()-max(unseen, 0)), "calls that Done ended lost their outcome")
 		g.Expect(w.Successes).To(BeNumerically("<=", uncut.Load()+raced.Load()), "cut calls counted")
 	})
 }
