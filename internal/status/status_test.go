@@ -16,6 +16,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -27,6 +28,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/replay"
 	"github.com/spillway-dev/spillway/internal/testenv"
 	"github.com/spillway-dev/spillway/pkg/guard"
+	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
 // These tests run the real controller (internal/replay's control plane:
@@ -413,4 +415,55 @@ func TestRedisNotAnswering(t *testing.T) {
 		// b and c were not asked: their error is a's.
 		g.Expect(it.RedisError).To(ContainSubstring("paused/a"))
 	}
+}
+
+// TestReadOnlyRedisUser: status writes nothing to Redis. Run as a Redis user
+// that may only read (ACL: the read commands, the connection's, TIME, and
+// EVAL/EVALSHA, whose commands Redis checks against the same rules), it
+// shows a policy's calls from Redis. The controller's window script, which
+// caches totals, prunes and sweeps leases, would be refused.
+func TestReadOnlyRedisUser(t *testing.T) {
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g.Expect(cp.Env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "readonly"}})).To(Succeed())
+	g.Expect(cp.Env.Client.Create(ctx, &spillwayv1alpha1.DependencyPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "readonly", Name: "ledger"},
+		Spec:       spillwayv1alpha1.DependencyPolicySpec{Capacity: spillwayv1alpha1.Capacity{Concurrency: 4}},
+	})).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		_, out, _ := run(ctx, "-n", "readonly")
+		g.Expect(line(g, out, "ledger")[1]).To(Equal("Closed"))
+	}).WithTimeout(20 * time.Second).WithPolling(200 * time.Millisecond).Should(Succeed())
+
+	admin := cp.Redis.Client()
+	defer admin.Close()
+	g.Expect(admin.Do(ctx, "ACL", "SETUSER", "status-reader", "reset", "on", ">reader-secret", "~*", "resetchannels",
+		"+@read", "+@connection", "+time", "+eval", "+evalsha").Err()).To(Succeed())
+	defer admin.Do(context.Background(), "ACL", "DELUSER", "status-reader")
+	// The user is refused a write, also from a script (Redis 7.0 says
+	// "can't run this command", later versions NOPERM).
+	reader := cp.Redis.Client(func(o *redis.Options) { o.Username, o.Password = "status-reader", "reader-secret" })
+	defer reader.Close()
+	refused := Or(ContainSubstring("NOPERM"), ContainSubstring("can't run this command"))
+	g.Expect(reader.HSet(ctx, "status-test", "f", "1").Err()).To(MatchError(refused))
+	g.Expect(reader.Eval(ctx, "return redis.call('HSET', KEYS[1], 'f', '1')", []string{"status-test"}).Err()).To(MatchError(refused))
+	pc, err := protocol.NewClient(admin, protocol.Dependency{Namespace: "readonly", Name: "ledger"})
+	g.Expect(err).NotTo(HaveOccurred())
+	for range 5 {
+		_, err := pc.Release(ctx, "", 0, protocol.Success, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+
+	password := filepath.Join(t.TempDir(), "password")
+	g.Expect(os.WriteFile(password, []byte("reader-secret\n"), 0o600)).To(Succeed())
+	code, out, stderr := run(ctx, "-n", "readonly", "-o", "json", "--redis-username", "status-reader", "--redis-password-file", password)
+	g.Expect(code).To(Equal(ExitOK), stderr)
+	var rep Report
+	g.Expect(json.Unmarshal([]byte(out), &rep)).To(Succeed(), out)
+	g.Expect(rep.RedisUnreachable).To(BeEmpty())
+	g.Expect(rep.Items).To(HaveLen(1))
+	g.Expect(rep.Items[0].RedisError).To(BeEmpty())
+	g.Expect(rep.Items[0].Redis).NotTo(BeNil())
+	g.Expect(rep.Items[0].Redis.Calls).To(BeNumerically(">=", 5))
 }
