@@ -212,7 +212,7 @@ func letGoPatch(rv string, entries []metav1.ManagedFieldsEntry) ([]byte, error) 
 	for _, k := range spillwayAnnotations {
 		annotations[k] = nil
 	}
-	metadata := map[string]any{"resourceVersion": rv, "annotations": annotations}
+	metadata := map[string]any{"resourceVersion": rv, "annotations": annotations, "labels": map[string]any{LabelBoundedBy: nil}}
 	if kept, dropped := withoutSpillway(entries); dropped {
 		metadata["managedFields"] = kept
 	}

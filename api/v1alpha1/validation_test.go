@@ -300,7 +300,7 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 	}, {
 		name: "duplicate consumers",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: workers}\n- {scaledObjectName: workers, weight: 2}",
-		want: []string{"spec.consumers[1]", "Duplicate value"},
+		want: []string{"spec.consumers", "each consumer appears once"},
 	}, {
 		name: "consumer slotsPerReplica 0",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: workers, slotsPerReplica: 0}",
@@ -360,19 +360,35 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 	}, {
 		name: "consumer naming nothing",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {weight: 2}",
-		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"},
+		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName, horizontalPodAutoscalerName and scaleTargetRef"},
 	}, {
 		name: "consumer naming both a ScaledObject and an HPA",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: workers, horizontalPodAutoscalerName: workers}",
-		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"},
+		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName, horizontalPodAutoscalerName and scaleTargetRef"},
 	}, {
 		name: "consumer with empty names",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: '', horizontalPodAutoscalerName: ''}",
-		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"},
+		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName, horizontalPodAutoscalerName and scaleTargetRef"},
 	}, {
 		name: "duplicate HPA consumers",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {horizontalPodAutoscalerName: workers}\n- {horizontalPodAutoscalerName: workers, weight: 2}",
-		want: []string{"spec.consumers[1]", "Duplicate value"},
+		want: []string{"spec.consumers", "each consumer appears once"},
+	}, {
+		name: "duplicate scaleTargetRef consumers",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaleTargetRef: {kind: Deployment, name: workers}}\n- {scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: workers}, weight: 2}",
+		want: []string{"spec.consumers", "each consumer appears once"},
+	}, {
+		name: "consumer naming an HPA and a scaleTargetRef",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {horizontalPodAutoscalerName: workers, scaleTargetRef: {kind: Deployment, name: workers}}",
+		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName, horizontalPodAutoscalerName and scaleTargetRef"},
+	}, {
+		name: "scaleTargetRef without a kind",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaleTargetRef: {name: workers}}",
+		want: []string{"spec.consumers[0].scaleTargetRef.kind", "Required value"},
+	}, {
+		name: "scaleTargetRef name not a DNS name",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaleTargetRef: {kind: Deployment, name: Render_Workers}}",
+		want: []string{"spec.consumers[0].scaleTargetRef.name", "should match"},
 	}, {
 		name: "consumer horizontalPodAutoscalerName not a DNS name",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {horizontalPodAutoscalerName: Report_Workers}",
