@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"flag"
 	"fmt"
@@ -59,11 +60,17 @@ func (o webhookOptions) server(enableHTTP2 bool) webhook.Server {
 // rotation, cert-controller's rotator. The rotator runs on every replica
 // (not only the leader): each must have the certificate before it serves,
 // and they share one Secret, written with optimistic locking. The webhook is
-// registered at once; the server answers only once the certificate is in
-// the directory, which the kubelet fills from the Secret.
+// served once the certificate is in the directory, which the kubelet fills
+// from the Secret; with cert-manager the pod starts only once it is.
 func setupWebhook(mgr ctrl.Manager, o webhookOptions) error {
 	if !o.enabled {
 		return nil
+	}
+	register := func() {
+		mgr.GetWebhookServer().Register(controllers.WebhookPath, &webhook.Admission{Handler: &controllers.ReplicasValidator{
+			Client: mgr.GetClient(),
+			Mapper: mgr.GetRESTMapper(),
+		}})
 	}
 	if o.rotate {
 		ns := o.namespace
@@ -74,6 +81,7 @@ func setupWebhook(mgr ctrl.Manager, o webhookOptions) error {
 			}
 			ns = strings.TrimSpace(string(b))
 		}
+		ready := make(chan struct{})
 		if err := rotator.AddRotator(mgr, &rotator.CertRotator{
 			SecretKey:             types.NamespacedName{Namespace: ns, Name: o.secret},
 			CertDir:               o.certDir,
@@ -81,17 +89,37 @@ func setupWebhook(mgr ctrl.Manager, o webhookOptions) error {
 			CAOrganization:        "spillway",
 			DNSName:               fmt.Sprintf("%s.%s.svc", o.service, ns),
 			ExtraDNSNames:         []string{fmt.Sprintf("%s.%s.svc.cluster.local", o.service, ns)},
-			IsReady:               make(chan struct{}),
+			IsReady:               ready,
 			Webhooks:              []rotator.WebhookInfo{{Name: o.config, Type: rotator.Validating}},
 			FieldOwner:            "spillway-cert-rotator",
 			RequireLeaderElection: false,
 		}); err != nil {
 			return fmt.Errorf("failed to set up the webhook's certificate rotation: %w", err)
 		}
+		// The webhook server reads its certificate when it starts: it is
+		// added once the rotator has written the Secret and the kubelet has
+		// put the files in the directory.
+		return mgr.Add(afterReady{ready: ready, run: register})
 	}
-	mgr.GetWebhookServer().Register(controllers.WebhookPath, &webhook.Admission{Handler: &controllers.ReplicasValidator{
-		Client: mgr.GetClient(),
-		Mapper: mgr.GetRESTMapper(),
-	}})
+	register()
 	return nil
 }
+
+// afterReady is a runnable of every replica (not only the leader) that
+// calls run once ready is closed.
+type afterReady struct {
+	ready <-chan struct{}
+	run   func()
+}
+
+func (a afterReady) Start(ctx context.Context) error {
+	select {
+	case <-a.ready:
+		ctrl.Log.WithName("webhook").Info("The webhook's certificate is in place: serving the webhook")
+		a.run()
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+func (afterReady) NeedLeaderElection() bool { return false }
