@@ -19,7 +19,7 @@ import (
 // workload an autoscaler already scales (workloadRefusal).
 // workload_consumers.go does the reads and writes.
 
-// LabelBoundedBy, on a workload, ScaledObject or HPA that a policy bounds,
+// LabelBoundedBy, on a workload without an autoscaler that a policy bounds,
 // names the policy. The controller sets it (with FieldManager) and removes it
 // when it lets go; the admission webhook's objectSelector matches it, so the
 // API server calls the webhook for the objects Spillway bounds and no others.
