@@ -95,17 +95,27 @@ func (v *ReplicasValidator) Handle(ctx context.Context, req admission.Request) a
 		ctrl.LoggerFrom(ctx).Error(err, "Failed to list policies; allowing the change", "namespace", req.Namespace)
 		return admission.Allowed("")
 	}
-	b := strictestBound(policies.Items, check.matches)
+	if msg, b := admissionRefusal(policies.Items, check); msg != "" {
+		ctrl.LoggerFrom(ctx).V(1).Info("Refused a change above a consumer's bound", "policy", klog.KObj(b.policy), "consumer", b.consumer, "bound", b.bound)
+		return admission.Denied(msg)
+	}
+	return admission.Allowed("")
+}
+
+// admissionRefusal is why check is refused under policies, and the bound it breaks;
+// "" when it is allowed: when no policy bounds the object, or no value it
+// asks for is raised above the bound.
+func admissionRefusal(policies []spillwayv1alpha1.DependencyPolicy, check replicaCheck) (string, *policyBound) {
+	b := strictestBound(policies, check.matches)
 	if b == nil {
-		return admission.Allowed("")
+		return "", nil
 	}
 	for _, a := range check.asks {
 		if a.value > int64(b.bound) && a.value > a.was {
-			ctrl.LoggerFrom(ctx).V(1).Info("Refused a change above a consumer's bound", "policy", klog.KObj(b.policy), "consumer", b.consumer, "asked", a.value, "bound", b.bound)
-			return admission.Denied(refusalMessage(b, a))
+			return refusalMessage(b, a), b
 		}
 	}
-	return admission.Allowed("")
+	return "", nil
 }
 
 // ask is one replica count a request asks for: value, where the object had

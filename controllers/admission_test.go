@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -23,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/yaml"
 
+	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/internal/testenv"
 )
@@ -197,4 +199,85 @@ func TestWebhookIgnoresUnboundWorkloads(t *testing.T) {
 	createDeployment(t, ns, "free", 3)
 	g.Expect(kubectlScale(ns, "free", 500)).To(Succeed())
 	g.Expect(applyDeployment(ns, "free", 900, "argocd-controller", false)).To(Succeed())
+}
+
+// TestRefusal checks, without a cluster, which asks the webhook refuses and
+// what it says: the bound is the consumer's share of the capacity, and a
+// request is refused only when it raises a value above it.
+func TestRefusal(t *testing.T) {
+	render := spillwayv1alpha1.Consumer{ScaleTargetRef: &spillwayv1alpha1.ScaleTargetRef{Kind: "Deployment", Name: "render-workers"}, SlotsPerReplica: 2}
+	thumbs := spillwayv1alpha1.Consumer{ScaledObjectName: "thumbs", Weight: 1}
+	pol := func(name string, concurrency int32, consumers ...spillwayv1alpha1.Consumer) spillwayv1alpha1.DependencyPolicy {
+		return spillwayv1alpha1.DependencyPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "mail", Name: name},
+			Spec:       spillwayv1alpha1.DependencyPolicySpec{Capacity: spillwayv1alpha1.Capacity{Concurrency: concurrency}, Consumers: consumers},
+		}
+	}
+	deploy := func(replicas int64) map[string]any {
+		return map[string]any{"spec": map[string]any{"replicas": float64(replicas)}}
+	}
+	renderRef := workloadRef{APIVersion: "apps/v1", Kind: "Deployment", Name: "render-workers"}
+	deleting := pol("deleted", 4, render)
+	deleting.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+
+	tests := []struct {
+		name     string
+		policies []spillwayv1alpha1.DependencyPolicy
+		check    replicaCheck
+		want     string // "" when allowed
+	}{{
+		name:     "the issue's example",
+		policies: []spillwayv1alpha1.DependencyPolicy{pol("template-api", 40, render)},
+		check:    workloadCheck(renderRef, deploy(80), deploy(20), "kubectl scale"),
+		want:     "spillway: mail/template-api serves 40 concurrent calls and render-workers makes 2 per replica, so at most 20 replicas (asked for 80); raise spec.capacity.concurrency of the DependencyPolicy if the dependency can serve more",
+	}, {
+		name:     "at the bound",
+		policies: []spillwayv1alpha1.DependencyPolicy{pol("template-api", 40, render)},
+		check:    workloadCheck(renderRef, deploy(20), deploy(5), "kubectl scale"),
+	}, {
+		name:     "above the bound but not raised: an unrelated edit the controller has not lowered yet",
+		policies: []spillwayv1alpha1.DependencyPolicy{pol("template-api", 40, render)},
+		check:    workloadCheck(renderRef, deploy(80), deploy(80), "spec.replicas"),
+	}, {
+		name:     "a share of several consumers, and the strictest policy",
+		policies: []spillwayv1alpha1.DependencyPolicy{pol("loose", 400, render), pol("template-api", 40, render, thumbs)},
+		check:    workloadCheck(renderRef, deploy(30), deploy(10), "spec.replicas"),
+		want:     "spillway: mail/template-api serves 40 concurrent calls, render-workers's share is 1/2 of them and render-workers makes 2 per replica, so at most 10 replicas (asked for 30); raise spec.capacity.concurrency of the DependencyPolicy if the dependency can serve more, or the consumer's weight",
+	}, {
+		name:     "a policy being deleted bounds nothing",
+		policies: []spillwayv1alpha1.DependencyPolicy{deleting},
+		check:    workloadCheck(renderRef, deploy(80), deploy(20), "kubectl scale"),
+	}, {
+		name:     "another workload of the same name and another kind",
+		policies: []spillwayv1alpha1.DependencyPolicy{pol("template-api", 40, render)},
+		check:    workloadCheck(workloadRef{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "render-workers"}, deploy(80), deploy(20), "kubectl scale"),
+	}, {
+		name:     "a paused ScaledObject",
+		policies: []spillwayv1alpha1.DependencyPolicy{pol("template-api", 40, thumbs)},
+		check: autoscalerCheck(scaledObjectKind, "thumbs",
+			map[string]any{"metadata": map[string]any{"annotations": map[string]any{AnnotationPausedReplicas: "50"}}, "spec": map[string]any{"maxReplicaCount": float64(40)}},
+			map[string]any{"spec": map[string]any{"maxReplicaCount": float64(40)}}),
+		want: "so at most 40 replicas (autoscaling.keda.sh/paused-replicas asks for 50)",
+	}, {
+		name:     "a ScaledObject's max unset: KEDA's 100",
+		policies: []spillwayv1alpha1.DependencyPolicy{pol("template-api", 40, thumbs)},
+		check:    autoscalerCheck(scaledObjectKind, "thumbs", map[string]any{"spec": map[string]any{}}, map[string]any{"spec": map[string]any{"maxReplicaCount": float64(40)}}),
+		want:     "so at most 40 replicas (spec.maxReplicaCount asks for 100)",
+	}, {
+		name:     "an HPA's max raised",
+		policies: []spillwayv1alpha1.DependencyPolicy{pol("template-api", 40, spillwayv1alpha1.Consumer{HorizontalPodAutoscalerName: "reports"})},
+		check:    autoscalerCheck(hpaKind, "reports", map[string]any{"spec": map[string]any{"maxReplicas": float64(70)}}, map[string]any{"spec": map[string]any{"maxReplicas": float64(40)}}),
+		want:     "so at most 40 replicas (spec.maxReplicas asks for 70)",
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			got, _ := admissionRefusal(tt.policies, tt.check)
+			if tt.want == "" {
+				g.Expect(got).To(BeEmpty())
+				return
+			}
+			g.Expect(got).To(ContainSubstring(tt.want))
+		})
+	}
 }
