@@ -54,7 +54,7 @@ func BenchmarkWebhookLatency(b *testing.B) {
 		want := round%2 == 0
 		if want != installed {
 			if want {
-				cfg.ResourceVersion = ""
+				cfg.ResourceVersion, cfg.UID = "", ""
 				if err := env.Client.Create(ctx, cfg); err != nil {
 					b.Fatal(err)
 				}
