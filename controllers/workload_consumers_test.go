@@ -7,10 +7,12 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
 	"github.com/spillway-dev/spillway/internal/redistest"
@@ -161,4 +163,32 @@ func TestAutoscaledWorkloadIsRefused(t *testing.T) {
 	pol.Spec.Consumers = []spillwayv1alpha1.Consumer{{ScaleTargetRef: &spillwayv1alpha1.ScaleTargetRef{Kind: "StatefulSet", Name: "nope"}}}
 	g.Expect(env.Client.Update(context.Background(), pol)).To(Succeed())
 	g.Eventually(conditionOf(ns, "template-api", ConditionConsumersBounded)).Should(Equal("False/" + ReasonScaleTargetNotFound))
+}
+
+// TestManagerRoleBoundsWorkloads runs the manager as a user holding only
+// the generated manager-role: it reads, labels and scales a Deployment
+// without an autoscaler, and gives its replicas back.
+func TestManagerRoleBoundsWorkloads(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	ctx := context.Background()
+	var role rbacv1.ClusterRole
+	readRBAC(t, "role.yaml", &role)
+	ns := newNamespace(t)
+	name := "spillway-manager-" + ns
+	bindClusterRole(t, g, &role, name)
+	user, err := env.Environment.AddUser(envtest.User{Name: name, Groups: []string{"system:authenticated"}}, nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	srv := redistest.Start(t)
+	startManagerWithConfig(t, user.Config(), ns, managerRedis(srv), testOptions)
+
+	createDeployment(t, ns, "mailer", 60)
+	spec := testSpec()
+	spec.Consumers = []spillwayv1alpha1.Consumer{deploymentConsumer("mailer")}
+	pol := createPolicy(t, ns, "smtp", spec)
+	g.Eventually(deploymentReplicas(ns, "mailer")).Should(Equal(int32(40)))
+	g.Eventually(conditionOf(ns, "smtp", ConditionConsumersBounded)).Should(Equal("True/Bounded"))
+
+	g.Expect(env.Client.Delete(ctx, pol)).To(Succeed())
+	g.Eventually(deploymentReplicas(ns, "mailer")).Should(Equal(int32(60)))
 }
