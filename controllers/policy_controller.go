@@ -141,6 +141,13 @@ func (r *PolicyReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 	if scaledObjects {
 		b = b.Watches(&kedav1alpha1.ScaledObject{}, r.scaledObjectHandler())
 	}
+	workloads, err := r.boundWorkloadSources(mgr)
+	if err != nil {
+		return err
+	}
+	for _, src := range workloads {
+		b = b.WatchesRawSource(src)
+	}
 	c, err := b.Build(r)
 	if err != nil {
 		return err
