@@ -267,6 +267,9 @@ func (r *PolicyReconciler) releaseAll(ctx context.Context, pol *spillwayv1alpha1
 	maps.DeleteFunc(refs, func(ref consumerRef, _ bool) bool { return keep[ref] })
 	if keep == nil {
 		for _, c := range pol.Spec.Consumers {
+			if c.ScaleTargetRef != nil {
+				continue // releaseWorkloads lets go of the workloads
+			}
 			if ref := refOf(c); ref.Kind != scaledObjectKind || !kedaMissing {
 				refs[ref] = true
 			}

@@ -109,30 +109,33 @@ func workloadRefusal(w workloadRef, autoscalers []autoscalerOf) *consumerResult 
 	return nil
 }
 
-// workloadReplicas is the AnnotationOriginalReplicas annotation of a
-// workload: its user's own replicas, {"replicas":80}.
-type workloadReplicas struct {
-	Replicas int32 `json:"replicas"`
+// workloadRecord is the AnnotationOriginalReplicas annotation of a
+// workload: its user's own replicas and the replicas Spillway last set,
+// {"replicas":80,"applied":20}. A value other than Applied on the workload
+// was set by someone else since: the user's new replicas.
+type workloadRecord struct {
+	Replicas int32  `json:"replicas"`
+	Applied  *int32 `json:"applied,omitempty"`
 }
 
-// parseWorkloadReplicas reads a workload's AnnotationOriginalReplicas.
-func parseWorkloadReplicas(s string) (int32, error) {
+// parseWorkloadRecord reads a workload's AnnotationOriginalReplicas.
+func parseWorkloadRecord(s string) (workloadRecord, error) {
 	var r struct {
 		Replicas *int32 `json:"replicas"`
+		Applied  *int32 `json:"applied"`
 	}
 	if err := json.Unmarshal([]byte(s), &r); err != nil {
-		return 0, fmt.Errorf("failed to parse %q: %w", s, err)
+		return workloadRecord{}, fmt.Errorf("failed to parse %q: %w", s, err)
 	}
 	if r.Replicas == nil || *r.Replicas < 0 {
-		return 0, fmt.Errorf("failed to parse %q: no replicas", s)
+		return workloadRecord{}, fmt.Errorf("failed to parse %q: no replicas", s)
 	}
-	return *r.Replicas, nil
+	return workloadRecord{Replicas: *r.Replicas, Applied: r.Applied}, nil
 }
 
-// marshalWorkloadReplicas is the AnnotationOriginalReplicas of a workload
-// whose user's replicas are n.
-func marshalWorkloadReplicas(n int32) string {
-	b, _ := json.Marshal(workloadReplicas{Replicas: n}) // an int32 always marshals
+// marshal is the AnnotationOriginalReplicas of the record.
+func (r workloadRecord) marshal() string {
+	b, _ := json.Marshal(r) // an int32 and a pointer to one always marshal
 	return string(b)
 }
 
@@ -162,21 +165,21 @@ type workloadBinding struct {
 //
 // The user's replicas are the recorded annotation, or the live ones before the
 // first change. They are the live ones again when they differ from the record
-// and another writer set them (FieldManager no longer owns spec.replicas, or
-// another manager owns it too): a person's kubectl scale, a GitOps sync of a
-// new manifest. Spillway only ever lowers replicas, never raises them above
-// what the user last set.
+// and someone else set them since (see userWorkloadReplicas): a person's
+// kubectl scale, a GitOps sync of a new manifest. Spillway only ever lowers
+// replicas, never raises them above what the user last set. The record, with
+// the replicas about to be set, is applied before the scale.
 func planWorkload(policyName string, annotations, labels map[string]string, entries []metav1.ManagedFieldsEntry, live, bound int32) workloadBinding {
 	b := workloadBinding{Live: live, User: live}
 	if s, ok := annotations[AnnotationOriginalReplicas]; ok {
-		if recorded, err := parseWorkloadReplicas(s); err == nil {
-			b.User, b.Adopted = userWorkloadReplicas(recorded, live, entries)
+		if rec, err := parseWorkloadRecord(s); err == nil {
+			b.User, b.Adopted = userWorkloadReplicas(rec, live, entries)
 		}
 	}
 	b.Desired = min(b.User, bound)
 	b.Annotations = map[string]string{
 		AnnotationOwner:            policyName,
-		AnnotationOriginalReplicas: marshalWorkloadReplicas(b.User),
+		AnnotationOriginalReplicas: workloadRecord{Replicas: b.User, Applied: ptrTo(b.Desired)}.marshal(),
 	}
 	b.Labels = map[string]string{LabelBoundedBy: policyName}
 	b.Apply = annotations[AnnotationOwner] != policyName ||
@@ -191,24 +194,33 @@ func planWorkload(policyName string, annotations, labels map[string]string, entr
 // nil when nothing was recorded (or the record cannot be read), and then the
 // live replicas stay.
 func planWorkloadRelease(annotations map[string]string, entries []metav1.ManagedFieldsEntry, live int32) *int32 {
-	recorded, err := parseWorkloadReplicas(annotations[AnnotationOriginalReplicas])
+	rec, err := parseWorkloadRecord(annotations[AnnotationOriginalReplicas])
 	if err != nil {
 		return nil
 	}
-	u, _ := userWorkloadReplicas(recorded, live, entries)
+	u, _ := userWorkloadReplicas(rec, live, entries)
 	return &u
 }
 
-// userWorkloadReplicas is the user's replicas of a workload whose recorded
-// replicas are recorded and live ones live, and whether they are the live
-// ones: when they differ from the record and FieldManager does not own
-// spec.replicas alone.
-func userWorkloadReplicas(recorded, live int32, entries []metav1.ManagedFieldsEntry) (int32, bool) {
-	own, other := replicasOwnership(entries)
-	if live != recorded && (!own || other) {
+// userWorkloadReplicas is the user's replicas of a workload whose record is
+// rec and whose live replicas are live, and whether they are the live ones.
+// They are when they differ from the record and
+//
+//   - they are not what Spillway last set (rec.Applied): someone else set
+//     them since. managedFields cannot say so alone: the API server does not
+//     record who writes a scale subresource while nobody owns spec.replicas,
+//     as after Spillway let go of the workload once; or
+//   - another manager owns spec.replicas: a GitOps tool applied exactly the
+//     value Spillway set (Git says 20 while the bound is 20).
+func userWorkloadReplicas(rec workloadRecord, live int32, entries []metav1.ManagedFieldsEntry) (int32, bool) {
+	if live == rec.Replicas {
+		return rec.Replicas, false
+	}
+	changed := rec.Applied == nil || live != *rec.Applied
+	if _, other := replicasOwnership(entries); changed || other {
 		return live, true
 	}
-	return recorded, false
+	return rec.Replicas, false
 }
 
 // replicasOwnership reads who owns a workload's spec.replicas: FieldManager

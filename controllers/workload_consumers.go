@@ -144,6 +144,10 @@ func (r *PolicyReconciler) scaleWorkload(ctx context.Context, namespace string, 
 	target.SetName(w.Name)
 	body := scale.DeepCopy()
 	body.SetResourceVersion(rv)
+	// The Scale read carries its workload's managedFields; sent back, they
+	// would replace the API server's bookkeeping, and the update would not
+	// be recorded as FieldManager's.
+	body.SetManagedFields(nil)
 	if err := unstructured.SetNestedField(body.Object, int64(replicas), "spec", "replicas"); err != nil {
 		return err
 	}

@@ -51,6 +51,15 @@ func kubectlScale(ns, name string, replicas int32) error {
 	return env.Client.SubResource("scale").Update(context.Background(), d, client.WithSubResourceBody(scale), client.FieldOwner("kubectl"))
 }
 
+// setConsumers sets a policy's consumers with a merge patch (the controller
+// writes its status meanwhile).
+func setConsumers(g Gomega, ns, name string, consumers ...spillwayv1alpha1.Consumer) {
+	pol := getPolicy(g, ns, name)
+	patch := client.MergeFrom(pol.DeepCopy())
+	pol.Spec.Consumers = consumers
+	g.Expect(env.Client.Patch(context.Background(), pol, patch)).To(Succeed())
+}
+
 // TestWorkloadConsumerLifecycle follows a Deployment without an autoscaler,
 // beside an HPA consumer, through a policy's life: scaled down to its share
 // of the capacity with its own replicas recorded and an Event, a person's
@@ -78,7 +87,7 @@ func TestWorkloadConsumerLifecycle(t *testing.T) {
 	g.Eventually(hpaReplicasOf(ns, "reports")).Should(Equal("min=2 max=20"))
 	g.Eventually(conditionOf(ns, "template-api", ConditionConsumersBounded)).Should(Equal("True/Bounded"))
 	d := getDeployment(g, ns, "render")
-	g.Expect(d.Annotations).To(HaveKeyWithValue(AnnotationOriginalReplicas, `{"replicas":80}`))
+	g.Expect(d.Annotations).To(HaveKeyWithValue(AnnotationOriginalReplicas, `{"replicas":80,"applied":10}`))
 	g.Expect(d.Annotations).To(HaveKeyWithValue(AnnotationOwner, "template-api"))
 	g.Expect(d.Labels).To(HaveKeyWithValue(LabelBoundedBy, "template-api"))
 	g.Eventually(func(g Gomega) []spillwayv1alpha1.ScaleTargetRef {
@@ -90,7 +99,7 @@ func TestWorkloadConsumerLifecycle(t *testing.T) {
 	g.Expect(kubectlScale(ns, "render", 4)).To(Succeed())
 	g.Eventually(func(g Gomega) string {
 		return getDeployment(g, ns, "render").Annotations[AnnotationOriginalReplicas]
-	}).Should(Equal(`{"replicas":4}`))
+	}).Should(Equal(`{"replicas":4,"applied":4}`))
 	g.Consistently(deploymentReplicas(ns, "render"), "300ms").Should(Equal(int32(4)))
 
 	// Then back up to 30: above the bound, so scaled down to 10 again, and
@@ -98,14 +107,12 @@ func TestWorkloadConsumerLifecycle(t *testing.T) {
 	g.Expect(kubectlScale(ns, "render", 30)).To(Succeed())
 	g.Eventually(func(g Gomega) string {
 		return getDeployment(g, ns, "render").Annotations[AnnotationOriginalReplicas]
-	}).Should(Equal(`{"replicas":30}`))
+	}).Should(Equal(`{"replicas":30,"applied":10}`))
 	g.Eventually(deploymentReplicas(ns, "render")).Should(Equal(int32(10)))
 
 	// The consumer leaves the spec: its replicas are back, Spillway owns
 	// nothing in it, and status forgets it.
-	pol := getPolicy(g, ns, "template-api")
-	pol.Spec.Consumers = []spillwayv1alpha1.Consumer{hpaConsumer("reports")}
-	g.Expect(env.Client.Update(ctx, pol)).To(Succeed())
+	setConsumers(g, ns, "template-api", hpaConsumer("reports"))
 	g.Eventually(deploymentReplicas(ns, "render")).Should(Equal(int32(30)))
 	g.Eventually(func(g Gomega) {
 		d := getDeployment(g, ns, "render")
@@ -119,10 +126,11 @@ func TestWorkloadConsumerLifecycle(t *testing.T) {
 	}).Should(BeEmpty())
 
 	// Named again, then the policy is deleted: the user's replicas are back.
-	pol = getPolicy(g, ns, "template-api")
-	pol.Spec.Consumers = append(pol.Spec.Consumers, render)
-	g.Expect(env.Client.Update(ctx, pol)).To(Succeed())
+	setConsumers(g, ns, "template-api", hpaConsumer("reports"), render)
 	g.Eventually(deploymentReplicas(ns, "render")).Should(Equal(int32(10)))
+	g.Consistently(func(g Gomega) string {
+		return getDeployment(g, ns, "render").Annotations[AnnotationOriginalReplicas]
+	}, "500ms").Should(Equal(`{"replicas":30,"applied":10}`), "Spillway's own scale is not taken for the user's")
 	g.Expect(env.Client.Delete(ctx, getPolicy(g, ns, "template-api"))).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "template-api"}, &spillwayv1alpha1.DependencyPolicy{})
@@ -159,9 +167,7 @@ func TestAutoscaledWorkloadIsRefused(t *testing.T) {
 	g.Expect(d.Annotations).NotTo(HaveKey(AnnotationOwner))
 
 	// A consumer naming a missing workload says so.
-	pol := getPolicy(g, ns, "template-api")
-	pol.Spec.Consumers = []spillwayv1alpha1.Consumer{{ScaleTargetRef: &spillwayv1alpha1.ScaleTargetRef{Kind: "StatefulSet", Name: "nope"}}}
-	g.Expect(env.Client.Update(context.Background(), pol)).To(Succeed())
+	setConsumers(g, ns, "template-api", spillwayv1alpha1.Consumer{ScaleTargetRef: &spillwayv1alpha1.ScaleTargetRef{Kind: "StatefulSet", Name: "nope"}})
 	g.Eventually(conditionOf(ns, "template-api", ConditionConsumersBounded)).Should(Equal("False/" + ReasonScaleTargetNotFound))
 }
 

@@ -16,8 +16,8 @@ func TestPlanWorkload(t *testing.T) {
 	ours.Subresource = "scale"
 	kubectlScale := managedBy("kubectl", metav1.ManagedFieldsOperationUpdate, "replicas")
 	kubectlScale.Subresource = "scale"
-	recorded := func(n int32) map[string]string {
-		return map[string]string{AnnotationOwner: "template-api", AnnotationOriginalReplicas: marshalWorkloadReplicas(n)}
+	recorded := func(n, applied int32) map[string]string {
+		return map[string]string{AnnotationOwner: "template-api", AnnotationOriginalReplicas: workloadRecord{Replicas: n, Applied: &applied}.marshal()}
 	}
 	label := map[string]string{LabelBoundedBy: "template-api"}
 	tests := []struct {
@@ -40,31 +40,35 @@ func TestPlanWorkload(t *testing.T) {
 		wantUser: 5, wantDesired: 5, wantApply: true,
 	}, {
 		name: "bounded and steady: nothing to do",
-		ann:  recorded(80), labels: label, entries: []metav1.ManagedFieldsEntry{ours}, live: 20, bound: 20,
+		ann:  recorded(80, 20), labels: label, entries: []metav1.ManagedFieldsEntry{ours}, live: 20, bound: 20,
 		wantUser: 80, wantDesired: 20,
 	}, {
 		name: "the bound rises (the ramp climbs): scaled up, never past the user's",
-		ann:  recorded(80), labels: label, entries: []metav1.ManagedFieldsEntry{ours}, live: 5, bound: 40,
-		wantUser: 80, wantDesired: 40, wantScale: true,
+		ann:  recorded(80, 5), labels: label, entries: []metav1.ManagedFieldsEntry{ours}, live: 5, bound: 40,
+		wantUser: 80, wantDesired: 40, wantApply: true, wantScale: true,
 	}, {
 		name: "the bound rises past the user's replicas: the user's",
-		ann:  recorded(30), labels: label, entries: []metav1.ManagedFieldsEntry{ours}, live: 20, bound: 40,
-		wantUser: 30, wantDesired: 30, wantScale: true,
+		ann:  recorded(30, 20), labels: label, entries: []metav1.ManagedFieldsEntry{ours}, live: 20, bound: 40,
+		wantUser: 30, wantDesired: 30, wantApply: true, wantScale: true,
 	}, {
 		name: "kubectl scale below the bound: the user's now",
-		ann:  recorded(80), labels: label, entries: []metav1.ManagedFieldsEntry{kubectlScale}, live: 6, bound: 20,
+		ann:  recorded(80, 20), labels: label, entries: []metav1.ManagedFieldsEntry{kubectlScale}, live: 6, bound: 20,
 		wantUser: 6, wantDesired: 6, wantAdopted: true, wantApply: true,
 	}, {
 		name: "kubectl scale above the bound (no webhook): the user's, scaled down again",
-		ann:  recorded(80), labels: label, entries: []metav1.ManagedFieldsEntry{kubectlScale}, live: 50, bound: 20,
+		ann:  recorded(80, 20), labels: label, entries: []metav1.ManagedFieldsEntry{kubectlScale}, live: 50, bound: 20,
 		wantUser: 50, wantDesired: 20, wantAdopted: true, wantApply: true, wantScale: true,
 	}, {
 		name: "GitOps applies the bound itself: shared, so it is the user's",
-		ann:  recorded(80), labels: label, entries: []metav1.ManagedFieldsEntry{ours, creator}, live: 20, bound: 20,
+		ann:  recorded(80, 20), labels: label, entries: []metav1.ManagedFieldsEntry{ours, creator}, live: 20, bound: 20,
 		wantUser: 20, wantDesired: 20, wantAdopted: true, wantApply: true,
 	}, {
+		name: "Spillway's own value while nobody owns spec.replicas (the API server left its scale unrecorded): still the record",
+		ann:  recorded(80, 20), labels: label, entries: nil, live: 20, bound: 20,
+		wantUser: 80, wantDesired: 20,
+	}, {
 		name: "the label was removed: applied again",
-		ann:  recorded(80), labels: nil, entries: []metav1.ManagedFieldsEntry{ours}, live: 20, bound: 20,
+		ann:  recorded(80, 20), labels: nil, entries: []metav1.ManagedFieldsEntry{ours}, live: 20, bound: 20,
 		wantUser: 80, wantDesired: 20, wantApply: true,
 	}, {
 		name: "an unreadable record: the live replicas are the user's",
@@ -80,7 +84,7 @@ func TestPlanWorkload(t *testing.T) {
 			g.Expect(b.Adopted).To(Equal(tt.wantAdopted), "adopted")
 			g.Expect(b.Apply).To(Equal(tt.wantApply), "apply")
 			g.Expect(b.Scale).To(Equal(tt.wantScale), "scale")
-			g.Expect(b.Annotations).To(HaveKeyWithValue(AnnotationOriginalReplicas, marshalWorkloadReplicas(tt.wantUser)))
+			g.Expect(b.Annotations).To(HaveKeyWithValue(AnnotationOriginalReplicas, workloadRecord{Replicas: tt.wantUser, Applied: &tt.wantDesired}.marshal()))
 			g.Expect(b.Labels).To(Equal(label))
 		})
 	}
@@ -91,9 +95,10 @@ func TestPlanWorkloadRelease(t *testing.T) {
 	ours := managedBy(FieldManager, metav1.ManagedFieldsOperationUpdate, "replicas")
 	ours.Subresource = "scale"
 	argo := managedBy("argocd-controller", metav1.ManagedFieldsOperationUpdate, "replicas")
-	ann := map[string]string{AnnotationOriginalReplicas: `{"replicas":80}`}
+	ann := map[string]string{AnnotationOriginalReplicas: `{"replicas":80,"applied":20}`}
 
 	g.Expect(planWorkloadRelease(ann, []metav1.ManagedFieldsEntry{ours}, 20)).To(HaveValue(Equal(int32(80))), "Spillway's value: the record goes back")
+	g.Expect(planWorkloadRelease(ann, nil, 20)).To(HaveValue(Equal(int32(80))), "Spillway's value, owned by nobody: the record goes back")
 	g.Expect(planWorkloadRelease(ann, []metav1.ManagedFieldsEntry{argo}, 12)).To(HaveValue(Equal(int32(12))), "a sync wrote 12 since: it stays")
 	g.Expect(planWorkloadRelease(nil, []metav1.ManagedFieldsEntry{ours}, 20)).To(BeNil(), "nothing recorded: the live replicas stay")
 }
