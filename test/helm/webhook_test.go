@@ -48,7 +48,9 @@ func TestWebhookEndToEnd(t *testing.T) {
 	} else {
 		l.Close()
 	}
-	const release, ns = "hooked", "hooked"
+	// The release's full name is <release>-spillway: the chart's helper adds
+	// the chart's name to a release name without it.
+	const release, ns, fullname = "hooked", "hooked", "hooked-spillway"
 
 	// The CRD, unless a release before installed it and kept it: this
 	// release leaves it alone (crds.install=false).
@@ -62,16 +64,16 @@ func TestWebhookEndToEnd(t *testing.T) {
 	mustHelm(t, "install", release, chartDir(), "--namespace", ns, "--create-namespace", "--set", "crds.install=false")
 	t.Cleanup(func() { _, _, _ = helm("uninstall", release, "--namespace", ns) })
 	webhook := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-	g.Expect(k8s.Get(ctx, client.ObjectKey{Name: release + "-validating-webhook-configuration"}, webhook)).To(Succeed())
+	g.Expect(k8s.Get(ctx, client.ObjectKey{Name: fullname + "-validating-webhook-configuration"}, webhook)).To(Succeed())
 	g.Expect(webhook.Webhooks).NotTo(BeEmpty())
 	for _, w := range webhook.Webhooks {
 		g.Expect(*w.FailurePolicy).To(Equal(admissionregistrationv1.Ignore))
-		g.Expect(w.ClientConfig.Service.Name).To(Equal(release + "-webhook-service"))
+		g.Expect(w.ClientConfig.Service.Name).To(Equal(fullname + "-webhook-service"))
 	}
 
 	// The chart's Service, as an ExternalName for localhost.
 	svc := &corev1.Service{}
-	g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-webhook-service"}, svc)).To(Succeed())
+	g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fullname + "-webhook-service"}, svc)).To(Succeed())
 	g.Expect(k8s.Delete(ctx, svc)).To(Succeed())
 	g.Expect(k8s.Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svc.Name},
@@ -87,9 +89,9 @@ func TestWebhookEndToEnd(t *testing.T) {
 		"--kubeconfig="+kubeconfig, "--leader-election-namespace="+ns,
 		"--metrics-bind-address=0", "--health-probe-bind-address=0", "--redis-addr=127.0.0.1:1",
 		"--webhook", "--webhook-port=443", "--webhook-cert-dir="+certDir, "--webhook-namespace="+ns,
-		"--webhook-cert-secret="+release+"-webhook-server-cert",
-		"--webhook-service="+release+"-webhook-service",
-		"--webhook-configuration="+release+"-validating-webhook-configuration")
+		"--webhook-cert-secret="+fullname+"-webhook-server-cert",
+		"--webhook-service="+fullname+"-webhook-service",
+		"--webhook-configuration="+fullname+"-validating-webhook-configuration")
 	logPath := filepath.Join(t.TempDir(), "manager.log")
 	logFile, err := os.Create(logPath)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -108,7 +110,7 @@ func TestWebhookEndToEnd(t *testing.T) {
 	// mounts the files, and the manager serves.
 	secret := &corev1.Secret{}
 	g.Eventually(func(g Gomega) {
-		g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: release + "-webhook-server-cert"}, secret)).To(Succeed())
+		g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fullname + "-webhook-server-cert"}, secret)).To(Succeed())
 		g.Expect(secret.Data).To(HaveKey("tls.crt"))
 		g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(webhook), webhook)).To(Succeed())
 		g.Expect(webhook.Webhooks[0].ClientConfig.CABundle).To(Equal(secret.Data["ca.crt"]))
