@@ -44,6 +44,8 @@ var knownBreaches = map[string]string{
 	"redis-restart": "(a) after Redis restarts without its data the survivors' calls are no longer in the lease set, " +
 		"so the fleet runs up to 2× the limit until they end (docs/runbook.md promises at most limit extra); " +
 		"waits on learning mode (survivors re-register, admission waits ≤ 1 s)",
+	"sentinel-failover/lagging-replica": "(a) a failover that loses writes loses the survivors' leases: the new master admits calls into their slots " +
+		"while they run, up to 2× the limit; waits on learning mode",
 	"managers-down-trip": "(b) with every manager down, a burst of failures trips the breaker in the fleet's path (release.lua) " +
 		"and nothing but the dead-man trickle moves it out of Open; waits on a trip that ends without a controller",
 }
@@ -125,6 +127,9 @@ const (
 	// recoverAfterDataLoss: the manager republishes in one evaluation
 	// interval; learning mode waits ≤ 1 s.
 	recoverAfterDataLoss = 5 * time.Second
+	// deadManBound is the dead-man rule's bound with the campaign's
+	// evaluation interval: 30 intervals, at least 30 s.
+	deadManBound = 30 * time.Second
 	// leaseSlack is added to every lease bound: the batch pools hand their
 	// idle slots back within a second, and the machine is busy.
 	leaseSlack = 2 * time.Second
@@ -223,6 +228,48 @@ var faults = []fault{
 			c.f.startManager()
 			return killed, nil
 		}},
+	// The spec becomes one the controller cannot use while the breaker is
+	// Open: nothing is published, and the stuck Open ends by itself through
+	// the dead-man rule (halfOpenProbes calls at a time) within
+	// openDuration + the dead-man bound (30 s); once the spec is fixed the
+	// fleet recovers.
+	{name: "invalid-spec-while-open", recover: recoverAfterTrip, leasesFrom: time.Second,
+		inject: func(c *campaign, _ *workerProc) (time.Time, error) {
+			if err := c.f.loosenCRD(); err != nil {
+				return time.Now(), err
+			}
+			opened, err := c.trip()
+			if err != nil {
+				return opened, err
+			}
+			if err := c.f.setRampSteps([]int32{2, 4, 2 * limit}, 10*time.Second); err != nil {
+				return time.Now(), err
+			}
+			// The trickle: calls reach the dependency again, at most
+			// halfOpenProbes at a time, within the dead-man bound.
+			var peak int64
+			trickle := waitFor(openDuration+deadManBound+5*time.Second, func() bool {
+				n, last, _ := c.f.dep.now()
+				peak = max(peak, n)
+				return last.After(opened.Add(time.Second))
+			})
+			waitFor(2*time.Second, func() bool {
+				n, _, _ := c.f.dep.now()
+				peak = max(peak, n)
+				return false
+			})
+			if !trickle {
+				c.breach("invalid-spec-while-open", fmt.Sprintf("no call reached the dependency within %v of the trip while the spec was invalid (%s)",
+					openDuration+deadManBound+5*time.Second, c.f.stateLimit()))
+			}
+			if peak > halfOpenProbes {
+				c.breach("invalid-spec-while-open", fmt.Sprintf("%d calls in flight while the spec was invalid, more than halfOpenProbes %d", peak, halfOpenProbes))
+			}
+			if err := c.f.setRampSteps(rampSteps, 10*time.Second); err != nil {
+				return time.Now(), err
+			}
+			return time.Now(), nil
+		}},
 	{name: "managers-down-trip", recover: recoverAfterTrip, leasesFrom: time.Second,
 		inject: func(c *campaign, _ *workerProc) (time.Time, error) {
 			for _, m := range c.f.liveManagers() {
@@ -270,7 +317,7 @@ type campaign struct {
 
 func newCampaign(t *testing.T) *campaign {
 	requirePython(t)
-	f := startFleet(t)
+	f := startFleet(t, true, false)
 	f.createPolicy()
 	f.startManager()
 	f.startManager()
@@ -286,16 +333,20 @@ func newCampaign(t *testing.T) *campaign {
 
 func (c *campaign) logf(format string, args ...any) { c.t.Logf(format, args...) }
 
-// breach records a broken promise of fault name: a failure, or, for a fault
-// in knownBreaches, a logged known breach.
+// breach records a broken promise of fault name (or of its label, the
+// name and the target worker's kind): a failure, or, for a fault in
+// knownBreaches, a logged known breach.
 func (c *campaign) breach(name, what string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if why, ok := knownBreaches[name]; ok {
-		msg := fmt.Sprintf("KNOWN BREACH %s: %s [waits on %s]", name, what, why)
-		c.known = append(c.known, msg)
-		c.t.Log(msg)
-		return
+	label, _, _ := strings.Cut(what, ":")
+	for _, key := range []string{label, name} {
+		if why, ok := knownBreaches[key]; ok {
+			msg := fmt.Sprintf("KNOWN BREACH %s: %s [waits on %s]", key, what, why)
+			c.known = append(c.known, msg)
+			c.t.Log(msg)
+			return
+		}
 	}
 	msg := fmt.Sprintf("BREACH %s: %s", name, what)
 	c.breaches = append(c.breaches, msg)
@@ -373,16 +424,15 @@ func (c *campaign) run(ft fault, target workerKind) {
 		c.breach(name, fmt.Sprintf("%s: %d jobs handed out and not done %v after the fleet stopped taking new ones", label, f.dep.pending(), visibility+10*time.Second))
 	}
 	leaseBound := end.Add(ft.leasesFrom + leaseSlack)
-	var leases int64
+	var calls int64
 	waitFor(max(time.Until(leaseBound), 0)+time.Millisecond, func() bool {
-		n, err := f.liveLeases()
-		leases = n
+		n, _, err := f.liveLeases()
+		calls = n
 		return err == nil && n == 0
 	})
-	inFlight, _, _ := f.dep.now()
-	if leases > 0 && inFlight == 0 {
-		c.breach(name, fmt.Sprintf("%s: %d leases held by nobody %v after the fault ended (no call in flight, no job to do)",
-			label, leases, time.Since(end).Round(100*time.Millisecond)))
+	if inFlight, _, _ := f.dep.now(); calls > 0 && inFlight == 0 {
+		c.breach(name, fmt.Sprintf("%s: %d call leases held by nobody %v after the fault ended (no call in flight, no job to do): %s",
+			label, calls, time.Since(end).Round(100*time.Millisecond), f.leaseMembers()))
 	}
 	f.dep.setDraining(false)
 

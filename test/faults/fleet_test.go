@@ -23,6 +23,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -83,13 +85,16 @@ type fleet struct {
 	dir  string
 	kcfg string
 
-	redis *redistest.Server
-	rdb   *redis.Client // the test's own, direct
-	proto *protocol.Client
-	dep   *dependency
+	redis  *redistest.Server
+	rdb    *redis.Client // the test's own, direct
+	proto  *protocol.Client
+	dep    *dependency
 	depURL string
 
 	toxi *toxiproxy.ApiServer
+	// sentinel, when set, is the Redis every process reaches through the
+	// sentinels, with no proxy in between (TestFaultSoakSentinel).
+	sentinel *redistest.Sentinel
 
 	mu       sync.Mutex
 	managers []*managerProc
@@ -102,37 +107,24 @@ type fleet struct {
 // managerBin is the manager binary TestMain builds.
 var managerBin string
 
-func startFleet(t *testing.T) *fleet {
+func startFleet(t *testing.T, withKube, withSentinel bool) *fleet {
 	t.Helper()
 	f := &fleet{t: t, dir: t.TempDir()}
 	f.toxi = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
 
-	kube, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
+	if withKube {
+		f.startKube()
+	} else {
+		f.ns = "faults"
 	}
-	t.Cleanup(func() { _ = kube.Stop() })
-	f.kube = kube
-	user, err := kube.Environment.ControlPlane.AddUser(envtest.User{Name: "spillway-manager", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		t.Fatal(err)
+	if withSentinel {
+		f.sentinel = redistest.StartSentinel(t)
+		f.rdb = f.sentinel.Client(func(o *redis.FailoverOptions) { o.ContextTimeoutEnabled = true })
+	} else {
+		f.redis = redistest.Start(t)
+		f.rdb = f.redis.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true; o.MaxRetries = -1 })
 	}
-	kc, err := user.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.kcfg = filepath.Join(f.dir, "kubeconfig")
-	if err := os.WriteFile(f.kcfg, kc, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "faults-"}}
-	if err := kube.Client.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	f.ns = ns.Name
-
-	f.redis = redistest.Start(t)
-	f.rdb = f.redis.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true; o.MaxRetries = -1 })
+	var err error
 	f.proto, err = protocol.NewClient(f.rdb, protocol.Dependency{Namespace: f.ns, Name: policyName})
 	if err != nil {
 		t.Fatal(err)
@@ -143,6 +135,35 @@ func startFleet(t *testing.T) *fleet {
 	t.Cleanup(srv.Close)
 	f.depURL = srv.URL
 	return f
+}
+
+// startKube starts a kube-apiserver and etcd with the CRDs, a user for
+// the managers and a namespace for the policy.
+func (f *fleet) startKube() {
+	kube, err := testenv.Start()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { _ = kube.Stop() })
+	f.kube = kube
+	user, err := kube.Environment.ControlPlane.AddUser(envtest.User{Name: "spillway-manager", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.kcfg = filepath.Join(f.dir, "kubeconfig")
+	if err := os.WriteFile(f.kcfg, kc, 0o600); err != nil {
+		f.t.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "faults-"}}
+	if err := kube.Client.Create(context.Background(), ns); err != nil {
+		f.t.Fatal(err)
+	}
+	f.ns = ns.Name
+
 }
 
 // createPolicy creates the policy the fleet calls under.
@@ -192,16 +213,51 @@ func (f *fleet) stateLimit() string {
 	return fmt.Sprintf("%s/%d", p.State, p.Limit)
 }
 
-// liveLeases counts the leases that hold a slot now, by Redis time.
-func (f *fleet) liveLeases() (int64, error) {
+// liveLeases counts the leases that hold a slot now, by Redis time: those of
+// calls (per call) and those of batch pools (members "<pool id>:<n>",
+// docs/protocol.md §4 pool). A pool keeps idle slots, renewed, until another
+// process wants them; a call's lease is held only while its call runs.
+func (f *fleet) liveLeases() (calls, pooled int64, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	now, err := f.rdb.Time(ctx).Result()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return f.rdb.ZCount(ctx, protocol.KeysFor(protocol.Dependency{Namespace: f.ns, Name: policyName}).Leases,
-		"("+strconv.FormatInt(now.UnixMilli(), 10), "+inf").Result()
+	members, err := f.rdb.ZRangeByScore(ctx, protocol.KeysFor(protocol.Dependency{Namespace: f.ns, Name: policyName}).Leases,
+		&redis.ZRangeBy{Min: "(" + strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, m := range members {
+		if strings.Contains(m, ":") {
+			pooled++
+		} else {
+			calls++
+		}
+	}
+	return calls, pooled, nil
+}
+
+// leaseMembers lists the live leases: each member and how long until it
+// expires, for a breach's message.
+func (f *fleet) leaseMembers() string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	now, err := f.rdb.Time(ctx).Result()
+	if err != nil {
+		return err.Error()
+	}
+	zs, err := f.rdb.ZRangeByScoreWithScores(ctx, protocol.KeysFor(protocol.Dependency{Namespace: f.ns, Name: policyName}).Leases,
+		&redis.ZRangeBy{Min: "(" + strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
+	if err != nil {
+		return err.Error()
+	}
+	var parts []string
+	for _, z := range zs {
+		parts = append(parts, fmt.Sprintf("%v expires in %dms", z.Member, int64(z.Score)-now.UnixMilli()))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // proxy is a fault proxy in front of Redis for one process.
@@ -374,10 +430,17 @@ func (f *fleet) startWorker(kind workerKind) *workerProc {
 	f.nextName++
 	name := fmt.Sprintf("%s-%d", kind, f.nextName)
 	f.mu.Unlock()
-	px := f.newProxy(name)
+	var px *proxy
+	redisAt := ""
+	if f.sentinel != nil {
+		redisAt = sentinelEnv + "=" + strings.Join(f.sentinel.SentinelAddrs(), ",")
+	} else {
+		px = f.newProxy(name)
+		redisAt = redisEnv + "=" + px.addr()
+	}
 	repo, _ := filepath.Abs(filepath.Join("..", ".."))
-	env := append(os.Environ(),
-		redisEnv+"="+px.addr(), depEnv+"="+f.ns+"/"+policyName, urlEnv+"="+f.depURL,
+	env := append(os.Environ(), redisAt, masterEnv+"="+redistest.SentinelMasterName,
+		depEnv+"="+f.ns+"/"+policyName, urlEnv+"="+f.depURL,
 		threadsEnv+"="+strconv.Itoa(threads), leaseTTLEnv+"="+strconv.FormatFloat(leaseTTL.Seconds(), 'f', -1, 64),
 		"PYTHONPATH="+filepath.Join(repo, "clients", "python"))
 	var cmd *exec.Cmd
@@ -509,4 +572,49 @@ func waitFor(d time.Duration, cond func() bool) bool {
 // capacity.
 func (f *fleet) closedAtCapacity() bool {
 	return f.stateLimit() == fmt.Sprintf("%s/%d", wire.Closed, limit)
+}
+
+// loosenCRD removes the spec's cross-field rules (CEL) from the
+// DependencyPolicy CRD in the API server, as an older, looser CRD had them:
+// a spec the controller cannot use (a ramp step above the capacity) can
+// then be stored.
+func (f *fleet) loosenCRD() error {
+	ctx := context.Background()
+	crd := &unstructured.Unstructured{}
+	crd.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"})
+	if err := f.kube.Client.Get(ctx, types.NamespacedName{Name: "dependencypolicies.spillway.dev"}, crd); err != nil {
+		return fmt.Errorf("get the CRD: %w", err)
+	}
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	for i := range versions {
+		v := versions[i].(map[string]any)
+		unstructured.RemoveNestedField(v, "schema", "openAPIV3Schema", "properties", "spec", "x-kubernetes-validations")
+		versions[i] = v
+	}
+	if err := unstructured.SetNestedSlice(crd.Object, versions, "spec", "versions"); err != nil {
+		return err
+	}
+	if err := f.kube.Client.Update(ctx, crd); err != nil {
+		return fmt.Errorf("update the CRD: %w", err)
+	}
+	return nil
+}
+
+// setRampSteps sets the policy's ramp steps, retrying while the API server
+// refuses them (a loosened CRD takes a moment to apply).
+func (f *fleet) setRampSteps(steps []int32, within time.Duration) error {
+	var last error
+	ok := waitFor(within, func() bool {
+		pol := &spillwayv1alpha1.DependencyPolicy{}
+		if last = f.kube.Client.Get(context.Background(), types.NamespacedName{Namespace: f.ns, Name: policyName}, pol); last != nil {
+			return false
+		}
+		pol.Spec.Ramp.Steps = steps
+		last = f.kube.Client.Update(context.Background(), pol)
+		return last == nil
+	})
+	if !ok {
+		return fmt.Errorf("set ramp steps %v: %w", steps, last)
+	}
+	return nil
 }

@@ -16,9 +16,17 @@ import redis
 import spillway
 
 URL = os.environ["SPILLWAY_FAULTS_URL"]
-host, port = os.environ["SPILLWAY_FAULTS_REDIS"].rsplit(":", 1)
+if os.environ.get("SPILLWAY_FAULTS_SENTINELS"):
+    from redis.sentinel import Sentinel
+    sentinels = [(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1]))
+                 for a in os.environ["SPILLWAY_FAULTS_SENTINELS"].split(",")]
+    client = Sentinel(sentinels, socket_timeout=0.5, socket_connect_timeout=0.5).master_for(
+        os.environ["SPILLWAY_FAULTS_MASTER"], socket_timeout=0.5, socket_connect_timeout=0.5)
+else:
+    host, port = os.environ["SPILLWAY_FAULTS_REDIS"].rsplit(":", 1)
+    client = redis.Redis(host=host, port=int(port), socket_timeout=2, socket_connect_timeout=1)
 guard = spillway.Guard(
-    redis.Redis(host=host, port=int(port), socket_timeout=2, socket_connect_timeout=1),
+    client,
     os.environ["SPILLWAY_FAULTS_DEP"],
     lease_ttl=float(os.environ["SPILLWAY_FAULTS_LEASE_TTL"]),
     registry=None)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,6 +28,10 @@ const (
 	threadsEnv  = "SPILLWAY_FAULTS_THREADS"
 	leaseTTLEnv = "SPILLWAY_FAULTS_LEASE_TTL" // seconds, float
 	batchEnv    = "SPILLWAY_FAULTS_BATCH"     // "true": batch mode
+	// sentinelEnv lists the sentinels (comma-separated): the worker finds
+	// the master through them, named masterEnv, instead of redisEnv.
+	sentinelEnv = "SPILLWAY_FAULTS_SENTINELS"
+	masterEnv   = "SPILLWAY_FAULTS_MASTER"
 	statsPrefix = "faults-stats: "
 )
 
@@ -49,6 +54,10 @@ type workerStats struct {
 // short); a drop is counted, and the job is left to the queue.
 func goWorker() int {
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(redisEnv), ContextTimeoutEnabled: true})
+	if s := os.Getenv(sentinelEnv); s != "" {
+		rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: os.Getenv(masterEnv),
+			SentinelAddrs: strings.Split(s, ","), ContextTimeoutEnabled: true})
+	}
 	defer rdb.Close()
 	ttl, _ := strconv.ParseFloat(os.Getenv(leaseTTLEnv), 64)
 	opts := guard.Options{LeaseTTL: time.Duration(ttl * float64(time.Second))}
