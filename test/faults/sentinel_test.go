@@ -159,4 +159,3 @@ func (c *campaign) failover(ctx context.Context, lag bool) {
 	c.logf("Fault %s: back at the limit %v after the election (bound %v); peak %d in flight (limit %d), %v over the cap, %d calls",
 		label, recovery.Round(10*time.Millisecond), recoverAfterFailover, got.peak, limit, got.over.Round(time.Millisecond), got.calls)
 }
-
