@@ -24,8 +24,8 @@ const recoverAfterFailover = leaseTTL + 10*time.Second
 // Go per-call, Go batch and Python workers find the master through the
 // sentinels (no proxy can stand in between), and calls last 4 to 8 s so
 // that they outlive the switch. Every other round the replica lags (stopped
-// before the kill, a 32 MiB write queued ahead of the leases) so that the
-// failover loses writes. It runs for a sixth of $SOAK, at least one round
+// before the kill, a 32 MiB write queued ahead of the leases, and the fleet
+// idle until then) so that the failover loses every lease taken since. It runs for a sixth of $SOAK, at least one round
 // of each kind. The policy is published by the test (no manager: the state
 // is replicated before the first kill, and nothing else needs one).
 func TestFaultSoakSentinel(t *testing.T) {
@@ -90,6 +90,13 @@ func (c *campaign) failover(ctx context.Context, lag bool) {
 	}
 	var replica interface{ Resume() error }
 	if lag {
+		// The worst case: the fleet is idle when the replica stops, so
+		// every lease it then takes is one the replica never receives.
+		f.dep.setDraining(true)
+		waitFor(f.dep.visibility+30*time.Second, func() bool {
+			n, _, _ := f.dep.now()
+			return n == 0 && f.dep.pending() == 0
+		})
 		for _, n := range s.Servers() {
 			if n.Addr() != master {
 				if err := n.Pause(); err != nil {
@@ -101,7 +108,9 @@ func (c *campaign) failover(ctx context.Context, lag bool) {
 		if err := f.rdb.Set(ctx, "filler", strings.Repeat("x", 32<<20), 0).Err(); err != nil {
 			c.t.Fatal(err)
 		}
-		time.Sleep(2 * time.Second) // leases granted now never reach the replica
+		f.dep.setDraining(false)
+		// Leases granted now never reach the replica.
+		waitFor(10*time.Second, func() bool { n, _, _ := f.dep.now(); return n >= limit })
 	}
 	old, err := s.KillMaster(ctx)
 	if err != nil {
