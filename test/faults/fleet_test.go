@@ -204,6 +204,14 @@ func (f *fleet) published() (protocol.Published, bool) {
 	return p, ok
 }
 
+// stateHash is the state hash in Redis, for a breach's message.
+func (f *fleet) stateHash() map[string]string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	h, _ := f.rdb.HGetAll(ctx, protocol.KeysFor(protocol.Dependency{Namespace: f.ns, Name: policyName}).State).Result()
+	return h
+}
+
 // stateLimit is "State/limit" as published, "" when nothing is.
 func (f *fleet) stateLimit() string {
 	p, ok := f.published()
