@@ -91,7 +91,7 @@ SOAK_TIMEOUT ?= 24h
 .PHONY: soak
 soak: envtest redis modules ## Run the fault campaign's soak: random faults for $(SOAK) (make soak SOAK=10m), then its report; fails on any breach outside knownBreaches.
 	@hack/setup-python.sh
-	SOAK=$(SOAK) SPILLWAY_REQUIRE_PYTHON=1 go test -count=1 -timeout=$(SOAK_TIMEOUT) -run '^TestFaultSoak$$' -v ./test/faults
+	SOAK=$(SOAK) SPILLWAY_REQUIRE_PYTHON=1 go test -count=1 -timeout=$(SOAK_TIMEOUT) -run '^TestFaultSoak(Sentinel)?$$' -v ./test/faults
 
 .PHONY: bench
 bench: envtest redis modules ## Run the benchmarks whose figures go in docs/benchmarks.md.
