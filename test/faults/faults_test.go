@@ -116,6 +116,9 @@ type fault struct {
 	// that died or stopped; the forgetter's ~1 s otherwise): after it, no
 	// lease is held by nobody.
 	leasesFrom time.Duration
+	// watched: inject started the recovery's clock itself (dependency.watch)
+	// at the fault's end, and went on past it.
+	watched bool
 }
 
 // hold returns a fault body that applies do to the target's proxy, waits d,
@@ -210,7 +213,7 @@ var faults = []fault{
 		}},
 	// Calls of 2-4 s while Redis restarts, so that the survivors still run
 	// when the fleet is admitted again.
-	{name: "redis-restart", recover: recoverAfterDataLoss, leasesFrom: time.Second,
+	{name: "redis-restart", recover: recoverAfterDataLoss, leasesFrom: time.Second, watched: true,
 		inject: func(c *campaign, _ *workerProc) (time.Time, error) {
 			c.f.dep.setHold(2*time.Second, 4*time.Second)
 			defer c.f.dep.setHold(20*time.Millisecond, 200*time.Millisecond)
@@ -219,6 +222,7 @@ var faults = []fault{
 			if err := c.f.redis.Restart(); err != nil {
 				return restarted, err
 			}
+			c.f.dep.watch()
 			time.Sleep(4 * time.Second)
 			return restarted, nil
 		}},
@@ -442,7 +446,9 @@ func (c *campaign) run(ft fault, target workerKind) {
 	c.mu.Unlock()
 
 	// Back at the limit within the bound.
-	f.dep.watch()
+	if !ft.watched {
+		f.dep.watch()
+	}
 	var recovery time.Duration
 	if waitFor(max(time.Until(end.Add(ft.recover)), 0)+time.Millisecond, func() bool { return !f.dep.reached().IsZero() }) {
 		recovery = max(f.dep.reached().Sub(end), 0)
