@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/retry"
 	"github.com/spillway-dev/spillway/pkg/wire"
@@ -148,6 +149,13 @@ func (c *campaign) failover(ctx context.Context, lag bool) {
 	}) {
 		c.t.Fatalf("the old master %s did not become a synchronised replica within 60s", old.Addr())
 	}
+	// Every sentinel must see it as a healthy replica before the next
+	// round, and a sentinel starts no failover of the same master within
+	// twice its failover-timeout of the last one.
+	if !waitFor(60*time.Second, func() bool { return sentinelsSeeReplica(ctx, s.SentinelAddrs(), old.Addr()) }) {
+		c.t.Fatalf("the sentinels do not list %s as a healthy replica within 60s", old.Addr())
+	}
+	time.Sleep(time.Until(elected.Add(2*redistest.SentinelFailoverTimeout + time.Second)))
 	f.dep.setDraining(true)
 	if !waitFor(f.dep.visibility+30*time.Second, func() bool { return f.dep.pending() == 0 }) {
 		c.breach(name, fmt.Sprintf("%s: %d jobs handed out and not done", label, f.dep.pending()))
@@ -167,4 +175,28 @@ func (c *campaign) failover(ctx context.Context, lag bool) {
 	c.mu.Unlock()
 	c.logf("Fault %s: back at the limit %v after the election (bound %v); peak %d in flight (limit %d), %v over the cap, %d calls",
 		label, recovery.Round(10*time.Millisecond), recoverAfterFailover, got.peak, limit, got.over.Round(time.Millisecond), got.calls)
+}
+
+// sentinelsSeeReplica reports whether every sentinel lists addr as a replica
+// with its link to the master up and no down flag.
+func sentinelsSeeReplica(ctx context.Context, sentinels []string, addr string) bool {
+	for _, a := range sentinels {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: a, MaxRetries: -1})
+		replicas, err := sc.Replicas(ctx, redistest.SentinelMasterName).Result()
+		sc.Close()
+		if err != nil {
+			return false
+		}
+		found := false
+		for _, r := range replicas {
+			if r["ip"]+":"+r["port"] == addr && r["master-link-status"] == "ok" && !strings.Contains(r["flags"], "down") &&
+				!strings.Contains(r["flags"], "disconnected") {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
 }
