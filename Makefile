@@ -86,6 +86,14 @@ python-test: redis ## Run the Python client's tests on Debian's python3 (modules
 test: envtest helm redis modules prometheus python-test ## Run every test (Python client, then Go) against a real kube-apiserver, etcd, redis-server and Prometheus.
 	SPILLWAY_REQUIRE_PYTHON=1 SPILLWAY_REQUIRE_HELM=1 go test $(TEST_FLAGS) ./...
 
+SOAK ?= 1h
+SOAK_TIMEOUT ?= 24h
+
+.PHONY: soak
+soak: envtest redis modules ## Run the fault campaign's soak: random faults for $(SOAK) (make soak SOAK=10m), then its report; fails on any breach outside knownBreaches.
+	@hack/setup-python.sh
+	SOAK=$(SOAK) SPILLWAY_REQUIRE_PYTHON=1 go test -count=1 -timeout=$(SOAK_TIMEOUT) -run '^TestFaultSoak(Sentinel)?$$' -v ./test/faults
+
 .PHONY: bench
 bench: envtest redis modules ## Run the benchmarks whose figures go in docs/benchmarks.md.
 	go test $(BENCH_FLAGS) -bench=. ./...
