@@ -157,10 +157,14 @@ func TestWebhookRefusesAboveTheBound(t *testing.T) {
 	g.Eventually(func(g Gomega) { expectRefused(g, kubectlScale(ns, "render", 80), want) }).Should(Succeed())
 	g.Expect(kubectlScale(ns, "render", 8)).To(Succeed(), "below the bound")
 
-	// An update of spec.replicas (kubectl edit).
-	d := getDeployment(g, ns, "render")
-	d.Spec.Replicas = ptr.To[int32](80)
-	expectRefused(g, env.Client.Update(ctx, d, client.FieldOwner("kubectl-edit")), want)
+	// An update of spec.replicas (kubectl edit). The controller may write
+	// the Deployment meanwhile (its record of the replicas): an update from
+	// a stale read conflicts, and is read and sent again, as kubectl does.
+	g.Eventually(func(g Gomega) {
+		d := getDeployment(g, ns, "render")
+		d.Spec.Replicas = ptr.To[int32](80)
+		expectRefused(g, env.Client.Update(ctx, d, client.FieldOwner("kubectl-edit")), want)
+	}).Should(Succeed())
 
 	// A GitOps sync of a manifest above the bound: a sync error that says
 	// why, for Argo CD's and Flux's field managers, and with dry-run.
@@ -171,22 +175,30 @@ func TestWebhookRefusesAboveTheBound(t *testing.T) {
 	g.Expect(applyDeployment(ns, "render", 6, "argocd-controller", true)).To(Succeed(), "a manifest within the bound syncs")
 
 	// A ScaledObject paused above its bound, and a raised maximum.
-	so := getScaledObject(g, ns, "thumbs")
-	so.Annotations[AnnotationPausedReplicas] = "50"
-	expectRefused(g, env.Client.Update(ctx, so), "so at most 20 replicas ("+AnnotationPausedReplicas+" asks for 50)")
-	so = getScaledObject(g, ns, "thumbs")
-	so.Spec.MaxReplicaCount = ptr.To[int32](80)
-	expectRefused(g, env.Client.Update(ctx, so), "so at most 20 replicas (spec.maxReplicaCount asks for 80)")
-	so = getScaledObject(g, ns, "thumbs")
-	so.Annotations[AnnotationPausedReplicas] = "4"
-	g.Expect(env.Client.Update(ctx, so)).To(Succeed(), "paused within the bound")
+	g.Eventually(func(g Gomega) {
+		so := getScaledObject(g, ns, "thumbs")
+		so.Annotations[AnnotationPausedReplicas] = "50"
+		expectRefused(g, env.Client.Update(ctx, so), "so at most 20 replicas ("+AnnotationPausedReplicas+" asks for 50)")
+	}).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		so := getScaledObject(g, ns, "thumbs")
+		so.Spec.MaxReplicaCount = ptr.To[int32](80)
+		expectRefused(g, env.Client.Update(ctx, so), "so at most 20 replicas (spec.maxReplicaCount asks for 80)")
+	}).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		so := getScaledObject(g, ns, "thumbs")
+		so.Annotations[AnnotationPausedReplicas] = "4"
+		g.Expect(env.Client.Update(ctx, so)).To(Succeed(), "paused within the bound")
+	}).Should(Succeed())
 
 	// The webhook's manager stops: the same requests pass.
 	hook.stop(t)
 	g.Expect(kubectlScale(ns, "render", 80)).To(Succeed())
-	so = getScaledObject(g, ns, "thumbs")
-	so.Annotations[AnnotationPausedReplicas] = "50"
-	g.Expect(env.Client.Update(ctx, so)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		so := getScaledObject(g, ns, "thumbs")
+		so.Annotations[AnnotationPausedReplicas] = "50"
+		g.Expect(env.Client.Update(ctx, so)).To(Succeed())
+	}).Should(Succeed())
 }
 
 // TestWebhookIgnoresUnboundWorkloads: a Deployment no policy names is

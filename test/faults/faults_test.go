@@ -52,8 +52,6 @@ var knownBreaches = map[string]string{
 		"the pool should not hand out a slot past its lease's local expiry before its first refresh",
 	"sentinel-failover/lagging-replica": "(a) a failover that loses writes loses the survivors' leases: the new master admits calls into their slots " +
 		"while they run, up to 2× the limit; waits on learning mode",
-	"managers-down-trip": "(b) with every manager down, a burst of failures trips the breaker in the fleet's path (release.lua) " +
-		"and nothing but the dead-man trickle moves it out of Open; waits on a trip that ends without a controller",
 }
 
 // strictEnv, when set, ignores knownBreaches: every breach fails.
@@ -155,6 +153,13 @@ const (
 	// recoverAfterDataLoss: the manager republishes in one evaluation
 	// interval; learning mode waits ≤ 1 s.
 	recoverAfterDataLoss = 5 * time.Second
+	// recoverOrphanTrip: every manager is down when the workers trip the
+	// breaker; once the dependency healed, the trip ends by the workers'
+	// own probes (docs/protocol.md §4 "A trip that ends by itself"):
+	// openDuration and the dead-man bound after the trip, then
+	// halfOpenProbes calls, and the fleet is back at the limit the trip
+	// replaced.
+	recoverOrphanTrip = openDuration + deadManBound + 5*time.Second
 	// deadManBound is the dead-man rule's bound with the campaign's
 	// evaluation interval: 30 intervals, at least 30 s.
 	deadManBound = 30 * time.Second
@@ -309,7 +314,7 @@ var faults = []fault{
 			}
 			return time.Now(), nil
 		}},
-	{name: "managers-down-trip", recover: recoverAfterTrip, leasesFrom: time.Second,
+	{name: "managers-down-trip", recover: recoverOrphanTrip, leasesFrom: time.Second,
 		inject: func(c *campaign, _ *workerProc) (time.Time, error) {
 			// The in-path trip is armed (trip_on) only once the ramp's
 			// step-back rule no longer judges the last step: a manager that
