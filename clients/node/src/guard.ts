@@ -155,6 +155,7 @@ class Forgetter {
   private queue: [string, number][] = [];
   private running: Promise<void> | null = null;
   private closed = false;
+  private stopped = false;
   forgotten = 0;
   constructor(private readonly proto: P.Client, private readonly timeout: number, private readonly metrics: Metrics) {}
 
@@ -172,6 +173,8 @@ class Forgetter {
   async close(bound: number): Promise<void> {
     this.closed = true;
     if (this.running) await Promise.race([this.running, sleep(bound)]);
+    this.stopped = true;
+    for (const _ of this.queue) this.metrics.unread("dropped");
     this.queue.length = 0;
   }
 
@@ -180,6 +183,10 @@ class Forgetter {
       const [member, expires] = item;
       let pause = FORGET_BACKOFF_MIN;
       for (;;) {
+        if (this.closed && this.stopped) {
+          this.metrics.unread("dropped");
+          break;
+        }
         if (performance.now() >= expires) {
           this.metrics.unread("expired");
           break;
