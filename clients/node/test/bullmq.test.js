@@ -224,7 +224,7 @@ test("the cap: 4 worker processes at concurrency 50 against a limit of 20: at mo
   const connection = { host: "127.0.0.1", port: srv.port, maxRetriesPerRequest: null };
   const queue = new Queue(name, { connection });
   fake.reset();
-  fake.delayMs = 100;
+  fake.delayMs = 250;
   const calls = (id) => fake.byJob.get(`${name}:${id}`) ?? [];
   const procs = [];
   try {
@@ -239,7 +239,7 @@ test("the cap: 4 worker processes at concurrency 50 against a limit of 20: at mo
         p.once("exit", (code) => reject(new Error(`worker exited ${code}`)));
       });
     }
-    const jobs = await queue.addBulk(Array.from({ length: 600 }, (_, i) => ({ name: "j", data: { i }, opts: { attempts: 2, backoff: { type: "spillway" } } })));
+    const jobs = await queue.addBulk(Array.from({ length: 240 }, (_, i) => ({ name: "j", data: { i }, opts: { attempts: 2, backoff: { type: "spillway" } } })));
     const deadline = Date.now() + 60_000;
     for (;;) {
       const counts = await queue.getJobCounts("completed", "failed");
