@@ -89,7 +89,7 @@ node-test: redis ## Run the Node client's tests on node 20+ (npm modules install
 
 .PHONY: test
 test: envtest helm redis modules prometheus python-test node-test ## Run every test (Python and Node clients, then Go) against a real kube-apiserver, etcd, redis-server and Prometheus.
-	SPILLWAY_REQUIRE_PYTHON=1 SPILLWAY_REQUIRE_HELM=1 go test $(TEST_FLAGS) ./...
+	SPILLWAY_REQUIRE_PYTHON=1 SPILLWAY_REQUIRE_NODE=1 SPILLWAY_REQUIRE_HELM=1 go test $(TEST_FLAGS) ./...
 
 .PHONY: bench
 bench: envtest redis modules ## Run the benchmarks whose figures go in docs/benchmarks.md.
