@@ -206,18 +206,27 @@ class Forgetter {
   }
 }
 
-/** One admitted call: its lease, its renewals and its signal. */
+/**
+ * One admitted call: its lease, its renewals and its signal. The signal's
+ * AbortController is made when the call asks for it (most of a guarded
+ * call's own cost in Node is the AbortSignal), aborted at once if the call
+ * was already cut short. Renewals run from the guard's one renewal tick.
+ */
 class Permit {
-  readonly controller = new AbortController();
   readonly member: string;
   readonly probeEpoch: number;
   lost = false;
   lifetimeExceeded = false;
   done = false;
   settled = false; // released, or handed to the forgetter
+  renewing = false;
+  /** When the next renewal is due (performance.now() ms). */
+  nextRenewal: number;
+  /** Why the call was cut short, once it was: a Cancelled or a LeaseLost. */
+  abortReason: E.SpillwayError | undefined;
+  private controller: AbortController | null = null;
   private expires: number;
   private readonly endOfLife: number;
-  private timer: NodeJS.Timeout | null = null;
   private readonly admitted = performance.now();
   private readonly onAbort: (() => void) | null = null;
 
@@ -226,13 +235,13 @@ class Permit {
     this.probeEpoch = adm && adm.state === P.HALF_OPEN ? adm.epoch : 0;
     this.expires = sent + g.leaseTtl;
     this.endOfLife = sent + g.maxCallLifetime;
+    this.nextRenewal = Math.min(sent + g.leaseTtl / 3, this.endOfLife);
     const outer = job.signal;
     if (outer) {
-      const onAbort = () => this.controller.abort(new E.Cancelled(0, { cause: outer.reason, detail: "the job's signal was aborted" }));
+      const onAbort = () => this.abort(new E.Cancelled(0, { cause: outer.reason, detail: "the job's signal was aborted" }));
       this.onAbort = onAbort;
       outer.addEventListener("abort", onAbort, { once: true });
     }
-    if (!local) this.schedule(Math.min(sent + g.leaseTtl / 3, this.endOfLife) - performance.now());
   }
 
   get attempt(): number {
@@ -240,20 +249,23 @@ class Permit {
   }
 
   get signal(): AbortSignal {
+    if (!this.controller) {
+      this.controller = new AbortController();
+      if (this.abortReason) this.controller.abort(this.abortReason);
+    }
     return this.controller.signal;
   }
 
-  private schedule(ms: number): void {
-    if (this.done) return;
-    this.timer = setTimeout(() => void this.renew(), Math.max(0, ms));
-    this.timer.unref();
+  private abort(reason: E.SpillwayError): void {
+    if (this.abortReason) return;
+    this.abortReason = reason;
+    this.controller?.abort(reason);
   }
 
-  private async renew(): Promise<void> {
+  /** One renewal, when due (the guard's tick calls it). */
+  async renew(now: number): Promise<void> {
     const g = this.g;
-    this.timer = null;
-    if (this.done) return;
-    const now = performance.now();
+    if (this.done || this.lost || this.renewing || now < this.nextRenewal) return;
     if (now >= this.endOfLife) {
       this.lifetimeExceeded = true;
       this.markLost(new E.Cancelled(0, { detail: `the call ran past maxCallLifetime (${g.maxCallLifetime}ms)` }));
@@ -263,14 +275,17 @@ class Permit {
       this.lose();
       return;
     }
+    this.renewing = true;
     const sent = performance.now();
     let held: boolean;
     try {
       held = await g.proto.renew(this.member, g.ttlMs, g.redisTimeout);
     } catch {
       g.metrics.redisErrors.inc();
-      this.schedule(Math.min(g.leaseTtl / 6, Math.max(this.expires - performance.now(), 0), this.endOfLife - performance.now()));
+      this.nextRenewal = performance.now(); // again at the next tick, sooner than the lease expires
       return;
+    } finally {
+      this.renewing = false;
     }
     if (this.done) return;
     if (!held) {
@@ -278,8 +293,8 @@ class Permit {
       return;
     }
     this.expires = sent + g.leaseTtl;
+    this.nextRenewal = Math.min(sent + g.leaseTtl / 3, this.endOfLife);
     g.renewals++;
-    this.schedule(Math.min(g.leaseTtl / 3, this.endOfLife - performance.now()));
   }
 
   private lose(): void {
@@ -294,17 +309,13 @@ class Permit {
       this.lost = true;
       this.g.lostCount++;
     }
-    if (this.timer) clearTimeout(this.timer);
-    this.timer = null;
-    this.controller.abort(reason);
+    this.abort(reason);
   }
 
   /** The call ended: stop renewing, untrack. Returns false when it had ended already. */
   finish(): boolean {
     if (this.done) return false;
     this.done = true;
-    if (this.timer) clearTimeout(this.timer);
-    this.timer = null;
     if (this.onAbort) this.job.signal?.removeEventListener("abort", this.onAbort);
     if (this.lost) this.g.lostCount--;
     this.g.untrack(this);
@@ -364,6 +375,7 @@ export class Guard {
   localInUse = 0;
   private readonly running = new Set<Permit>();
   private readonly forgetter: Forgetter;
+  private renewTick: NodeJS.Timeout | null = null;
   private closed = false;
 
   constructor(redis: P.RedisLike, dependency: string, options: GuardOptions = {}) {
@@ -412,9 +424,11 @@ export class Guard {
    * Run fn once under the fleet's protections and return its result, or
    * throw: a SpillwayError saying what to do with the job (see decide()), a
    * Permanent's wrapped error, a passThrough error as it is, or the call's
-   * own error for a final job. fn gets an AbortSignal, aborted when the
-   * job's signal is, when the call's lease is lost, when it runs past
-   * maxCallLifetime and on close(); its reason is a Cancelled or a LeaseLost.
+   * own error for a final job. fn gets an AbortSignal when it declares a
+   * parameter (fn.length > 0), aborted when the job's signal is, when the
+   * call's lease is lost, when it runs past maxCallLifetime and on close();
+   * its reason is a Cancelled or a LeaseLost. A function that declares none
+   * gets no signal (and costs the guard none).
    */
   async do<T>(job: Job | undefined, fn: (signal: AbortSignal) => Promise<T> | T): Promise<T> {
     if (typeof fn !== "function") throw new TypeError("fn must be a function");
@@ -422,7 +436,7 @@ export class Guard {
     const permit = await this.admit(j);
     let result: T;
     try {
-      result = await fn(permit.signal);
+      result = await (fn.length > 0 ? fn(permit.signal) : (fn as () => Promise<T> | T)());
     } catch (err) {
       throw await this.failed(permit, err);
     }
@@ -458,6 +472,8 @@ export class Guard {
     const deadline = performance.now() + this.closeTimeout;
     while (this.running.size > 0 && performance.now() < deadline) await sleep(5);
     await Promise.all([...this.running].map((p) => p.release("c")));
+    if (this.renewTick) clearInterval(this.renewTick);
+    this.renewTick = null;
     await this.forgetter.close(Math.max(2 * this.redisTimeout, 250));
   }
 
@@ -467,6 +483,23 @@ export class Guard {
   untrack(p: Permit): void {
     this.running.delete(p);
     this.metrics.inFlight.dec();
+    if (this.running.size === 0 && this.renewTick) {
+      clearInterval(this.renewTick);
+      this.renewTick = null;
+    }
+  }
+
+  /**
+   * Renew the running calls' leases that are due: one tick every sixth of
+   * leaseTtl while calls run (instead of a timer per call), so a lease is
+   * renewed between a third and a half of its TTL after its last renewal,
+   * a failed renewal is tried again at the next tick, and a lease found
+   * expired or gone, or a call past maxCallLifetime, is told within a
+   * sixth of the TTL.
+   */
+  private renewDue(): void {
+    const now = performance.now();
+    for (const p of this.running) if (!p.local) void p.renew(now);
   }
 
   /** @internal */
@@ -540,7 +573,7 @@ export class Guard {
    */
   private async acquireOnce(job: Job, start: number): Promise<Permit | E.SpillwayError> {
     for (let retried = false; ; retried = true) {
-      const lease = P.newLeaseId(); // never reuse an id that may be forgotten
+      const lease = P.nextLeaseId(); // never reuse an id that may be forgotten
       const sent = performance.now();
       const [deadlineMs, late] = this.clock.deadline(sent, this.redisTimeout);
       let adm: P.Admission;
@@ -580,6 +613,10 @@ export class Guard {
 
   private track(p: Permit, start: number): Permit {
     this.running.add(p);
+    if (!this.renewTick && !p.local) {
+      this.renewTick = setInterval(() => this.renewDue(), Math.max(this.leaseTtl / 6, 1));
+      this.renewTick.unref();
+    }
     this.metrics.inFlight.inc();
     this.metrics.slotWait.observe((performance.now() - start) / 1000);
     return p;
@@ -631,7 +668,7 @@ export class Guard {
   /** The call threw err: release with its outcome, and return what do() throws. */
   private async failed(permit: Permit, err: unknown): Promise<unknown> {
     permit.finish();
-    const reason: unknown = permit.signal.aborted ? permit.signal.reason : undefined;
+    const reason: unknown = permit.abortReason;
     let outcome: P.Outcome;
     if (err instanceof E.Permanent) outcome = "s";
     else if (permit.lifetimeExceeded) outcome = "t";

@@ -133,6 +133,17 @@ export function newLeaseId(): string {
   return b.readBigUInt64BE(0).toString(36) + "-" + b.readBigUInt64BE(8).toString(36);
 }
 
+// The process's lease ids: 128 random bits drawn once, then a counter, so
+// that each id is unique (an id is never reused: a forgotten lease stays
+// forgotten) without drawing randomness on every call.
+const LEASE_PREFIX = newLeaseId() + "-";
+let leaseSeq = 0;
+
+/** A lease id unique to this call: the process's random prefix and a counter. */
+export function nextLeaseId(): string {
+  return LEASE_PREFIX + (leaseSeq++).toString(36);
+}
+
 export interface Admission {
   code: number;
   nowMs: number; // Redis time when the script ran
