@@ -35,7 +35,8 @@ function seeded(seed = 1) {
   };
 }
 
-const guard = (d, opts = {}) => new Guard(rdb, d, { registry: null, ...opts });
+// redisTimeout 2 s: these tests are not about a slow Redis, and this machine is busy.
+const guard = (d, opts = {}) => new Guard(rdb, d, { registry: null, redisTimeout: 2000, ...opts });
 
 test("do runs the call with a signal, returns its result and frees the slot", async () => {
   const d = dep();
