@@ -66,13 +66,20 @@ export class NoPolicy extends SpillwayError {
   override readonly reason: string = "no policy published for this dependency";
 }
 /**
- * The state in Redis is of a protocol version this client does not speak:
- * the job is deferred (the worker never guesses, docs/protocol.md §10).
+ * The dependency's state was published for a protocol version this client
+ * does not act on (outside the version skew of docs/operations.md): the job
+ * is deferred, the worker never guesses. `stateVersion` is the version the
+ * state names, `managerVersion` the publishing manager's (-1 when unknown),
+ * `clientVersion` this client's; the cause, a protocol.VersionError, says
+ * what to upgrade.
  */
 export class VersionMismatch extends NoPolicy {
-  override readonly reason = "protocol version mismatch";
-  constructor(after: number, readonly stateVersion: number | undefined, readonly clientVersion: number, options: { cause?: unknown } = {}) {
-    super(after, { ...options, detail: `the state in Redis is protocol version ${stateVersion ?? "unknown"}, this client speaks version ${clientVersion}` });
+  override readonly reason = "the state was published for a protocol version this client does not speak";
+  constructor(after: number, readonly stateVersion: number, readonly managerVersion: number, readonly clientVersion: number, options: { cause?: unknown } = {}) {
+    super(after, {
+      ...options,
+      detail: `state version ${stateVersion}, manager version ${managerVersion < 0 ? "unknown" : managerVersion}, this client's version ${clientVersion}`,
+    });
   }
 }
 /**

@@ -94,6 +94,9 @@ const FORGET_TIMEOUT_MIN = 250;
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms).unref());
 
+/** Names this process in the registry of worker processes (register.lua), whatever its guards. */
+const PROCESS_ID = P.newLeaseId();
+
 /**
  * Estimates Redis's time from the local monotonic clock (redisclock.go).
  * Each reply gives a sample: Redis's time when the script ran minus the local
@@ -376,6 +379,8 @@ export class Guard {
   private readonly running = new Set<Permit>();
   private readonly forgetter: Forgetter;
   private renewTick: NodeJS.Timeout | null = null;
+  private registerAt = 0;
+  private registering = false;
   private closed = false;
 
   constructor(redis: P.RedisLike, dependency: string, options: GuardOptions = {}) {
@@ -526,6 +531,7 @@ export class Guard {
       throw new E.Stale();
     }
     const start = performance.now();
+    this.maybeRegister(start);
     const stopWaiting = this.maxWait > 0 ? start + this.maxWait : Infinity;
     let pause = 0;
     for (;;) {
@@ -548,6 +554,23 @@ export class Guard {
       if (job.signal?.aborted) throw new E.Cancelled(this.jitterUp(this.deferDelay), { cause: job.signal.reason });
       await sleep(wait);
     }
+  }
+
+  /**
+   * Register this process's client ("node") and protocol version
+   * (docs/protocol.md §4 register) at its first acquisition and every
+   * REGISTER_EVERY after, so that the manager and `spillway status` see
+   * which versions the fleet speaks: in the background, one at a time,
+   * never on a call's path; a failure is tried again a second later and
+   * fails no call.
+   */
+  private maybeRegister(now: number): void {
+    if (now < this.registerAt || this.registering) return;
+    this.registering = true;
+    this.proto.register(P.CLIENT_NAME, PROCESS_ID, this.redisTimeout).then(
+      () => { this.registerAt = performance.now() + P.REGISTER_EVERY; },
+      () => { this.registerAt = performance.now() + 1000; },
+    ).finally(() => { this.registering = false; });
   }
 
   /**
@@ -582,7 +605,9 @@ export class Guard {
           job.key ? { key: job.key, version: job.version ?? 0, ttlMs: Math.floor(this.jobTtl) } : undefined, this.redisTimeout);
       } catch (e) {
         if (e instanceof P.NoPolicyError) return new E.NoPolicy(this.jitterUp(this.deferDelay), { cause: e });
-        if (e instanceof P.VersionError) return new E.VersionMismatch(this.jitterUp(this.deferDelay), e.stateVersion, e.clientVersion, { cause: e });
+        if (e instanceof P.VersionError) {
+          return new E.VersionMismatch(this.jitterUp(this.deferDelay), e.stateVersion, e.managerVersion, e.clientVersion, { cause: e });
+        }
         if (e instanceof P.RedisUnread) {
           // If it ran, it ran by its deadline: its lease ends a TTL later.
           this.forgetLater(lease, sent + late + this.leaseTtl);
@@ -648,9 +673,14 @@ export class Guard {
     }
     const reasons: [new (...a: never[]) => E.SpillwayError, ThrottleReason][] = [
       [E.Throttled, "slots"], [E.RateLimited, "rate"], [E.BreakerOpen, "open"],
-      [E.RedisUnavailable, "redis_unavailable"], [E.NoPolicy, "no_policy"],
+      [E.RedisUnavailable, "redis_unavailable"], [E.VersionMismatch, "version"], [E.NoPolicy, "no_policy"],
     ];
-    for (const [cls, reason] of reasons) if (e instanceof cls) this.metrics.throttled(reason);
+    for (const [cls, reason] of reasons) {
+      if (e instanceof cls) {
+        this.metrics.throttled(reason);
+        break;
+      }
+    }
     return e;
   }
 

@@ -9,4 +9,4 @@ export { checkResponse, parseRetryAfter } from "./http.js";
 export { defaultClassify, isTimeout } from "./classify.js";
 export { Backoff, FALLBACK, retryAfter, park, allowsPPM } from "./retry.js";
 export * as protocol from "./protocol.js";
-export { VERSION, KEY_PREFIX } from "./protocol.js";
+export { VERSION, MIN_STATE_VERSION, MAX_STATE_VERSION, KEY_PREFIX } from "./protocol.js";

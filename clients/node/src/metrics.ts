@@ -27,7 +27,7 @@ type Registry = import("prom-client").Registry;
 
 const OUTCOME_NAMES: Record<Outcome, string> = { s: "success", f: "failure", t: "timeout", c: "cancelled" };
 const ATTEMPTS = ["1", "2", "3", "4+"];
-export type ThrottleReason = "slots" | "rate" | "open" | "redis_unavailable" | "no_policy";
+export type ThrottleReason = "slots" | "rate" | "open" | "redis_unavailable" | "no_policy" | "version";
 export type UnreadResult = "queued" | "forgotten" | "expired" | "dropped";
 
 interface Inc { inc(): void }
@@ -60,7 +60,7 @@ export class Metrics {
       new p.Counter({ name, help, labelNames: ["dependency", ...labels], registers: [reg] });
     const d = dependency;
     const calls = counter("spillway_worker_calls_total", "Calls made to the dependency, by outcome (success, failure, timeout, cancelled) and attempt number.", "outcome", "attempt");
-    const throttled = counter("spillway_worker_throttled_total", "Calls not made because the fleet refused them, by reason (slots, rate, open, redis_unavailable, no_policy).", "reason");
+    const throttled = counter("spillway_worker_throttled_total", "Calls not made because the fleet refused them, by reason (slots, rate, open, redis_unavailable, no_policy, version).", "reason");
     const unread = counter("spillway_worker_unread_leases_total", "Leases whose acquire or release reply was never read, by what became of them (queued for forgetting, forgotten, expired first, dropped).", "result");
     this.stale = counter("spillway_worker_stale_dropped_total", "Jobs dropped before any call because they were past their deadline.").labels(d);
     this.superseded = counter("spillway_worker_superseded_total", "Jobs dropped before any call because a newer version exists.").labels(d);
@@ -81,7 +81,7 @@ export class Metrics {
     for (const [o, name] of Object.entries(OUTCOME_NAMES)) {
       for (const a of ATTEMPTS) this.calls.set(o + a, calls.labels(d, name, a));
     }
-    for (const r of ["slots", "rate", "open", "redis_unavailable", "no_policy"]) this.throttledBy.set(r, throttled.labels(d, r));
+    for (const r of ["slots", "rate", "open", "redis_unavailable", "no_policy", "version"]) this.throttledBy.set(r, throttled.labels(d, r));
     for (const r of ["queued", "forgotten", "expired", "dropped"]) this.unreadBy.set(r, unread.labels(d, r));
   }
 

@@ -18,15 +18,25 @@ import { fileURLToPath } from "node:url";
 import { Command } from "ioredis";
 import type { Cluster, Redis } from "ioredis";
 
-/** The protocol version this client speaks: the key prefix and the state hash's `version`. */
-export const VERSION = 4;
-/** Every key of a dependency starts with this prefix (docs/protocol.md §1). */
-export const KEY_PREFIX = `spillway:v${VERSION}:`;
+/** The protocol version this client speaks (docs/protocol.md §1, §10). */
+export const VERSION = 5;
+/**
+ * The state versions these scripts act on (docs/protocol.md §10): what a
+ * manager one version older (4 writes 4), this version's (4) and one
+ * version newer (5) publish. Another is refused with {6, ...}: VersionError.
+ */
+export const MIN_STATE_VERSION = 4, MAX_STATE_VERSION = 5;
+/** Every key of a dependency starts with this prefix (docs/protocol.md §1): "v4" names the key space versions 4 and 5 share, not the version. */
+export const KEY_PREFIX = "spillway:v4:";
+/** How often a process registers its client and version (register.lua), ms. */
+export const REGISTER_EVERY = 15_000;
+/** This client's name in the registry of worker processes (register.lua). */
+export const CLIENT_NAME = "node";
 
 /** The scripts this client runs, by file name in lua/ (lib.lua is prepended to all but noop). */
 export const SCRIPT_NAMES = [
   "acquire", "renew", "release", "forget", "budget", "supersede",
-  "publish", "window", "read", "noop",
+  "publish", "window", "read", "noop", "register", "versions",
 ] as const;
 export type ScriptName = (typeof SCRIPT_NAMES)[number];
 
@@ -59,15 +69,21 @@ export class NoPolicyError extends Error {
 }
 
 /**
- * The state hash holds a protocol version this client does not speak
- * (acquire {6, version, ...}, budget {-6, ...}): `stateVersion` is the
- * version found in Redis (-1 when unreadable, undefined when the reply did
- * not say), `clientVersion` the one this client speaks.
+ * The state hash was published for a protocol version this client does not
+ * act on (acquire {6, state version, manager version}, budget {-6, ...}):
+ * `stateVersion` is the oldest worker version the publishing manager serves
+ * (-1 when not a number), `managerVersion` that manager's own (-1 when
+ * unknown), `clientVersion` this client's. The message names them and what
+ * to upgrade (docs/operations.md, Upgrading).
  */
 export class VersionError extends Error {
   override name = "VersionError";
-  constructor(readonly dependency: string, readonly stateVersion: number | undefined, readonly clientVersion: number = VERSION) {
-    super(`${dependency}: the state in Redis is protocol version ${stateVersion ?? "unknown"}, this client speaks version ${clientVersion}`);
+  readonly clientVersion = VERSION;
+  constructor(readonly dependency: string, readonly stateVersion: number = -1, readonly managerVersion: number = -1) {
+    const manager = managerVersion > 0 ? `a manager at protocol version ${managerVersion}` : "a manager of an unknown protocol version";
+    const what = stateVersion >= 0 && stateVersion < MIN_STATE_VERSION ? "upgrade the Spillway manager" : "upgrade this worker's Spillway client";
+    super(`${dependency}: the state was published by ${manager} for workers at protocol version ${stateVersion} or later; ` +
+      `this worker speaks version ${VERSION}, which acts on state versions ${MIN_STATE_VERSION} to ${MAX_STATE_VERSION}: ${what} (docs/operations.md, Upgrading)`);
   }
 }
 
@@ -108,6 +124,10 @@ export class Keys {
   get pools() { return this.prefix + "pools"; }
   get wants() { return this.prefix + "wants"; }
   get callers() { return this.prefix + "callers"; }
+  /** The worker processes registered in the last 5 minutes (register.lua). */
+  get clients() { return this.prefix + "clients"; }
+  /** Calls by protocol version (5 on) per 10 s bucket (lib.lua count_version). */
+  get calls() { return this.prefix + "calls"; }
   get changes() { return this.prefix + "changes"; }
   job(key: string) { return this.prefix + "job:" + key; }
 }
@@ -189,6 +209,10 @@ function list(v: Reply, what: string, min = 1): Reply[] {
   return v;
 }
 
+function versionError(dependency: string, res: Reply[]): VersionError {
+  return new VersionError(dependency, res.length > 1 ? int(res[1]) : -1, res.length > 2 ? int(res[2]) : -1);
+}
+
 /** Runs the protocol's scripts for one dependency over an ioredis client (standalone, Sentinel or Cluster). */
 export class Client {
   readonly dependency: string;
@@ -210,7 +234,10 @@ export class Client {
     this.keys = new Keys(d);
     const k = this.keys;
     this.acquireKeys = [k.state, k.leases, k.gcra, k.probes, k.wants, k.callers];
-    this.releaseKeys = [k.leases, k.stats, k.state, k.probes];
+    // Every release passes the state and probes keys (a failure may trip the
+    // breaker in the fleet's path) and the calls hash (this version's calls
+    // are counted, lib.lua count_version).
+    this.releaseKeys = [k.leases, k.stats, k.state, k.probes, k.calls];
     this.callerId = callerId ?? newLeaseId();
   }
 
@@ -265,7 +292,7 @@ export class Client {
     const code = int(res[0]);
     const adm: Admission = { code, nowMs: 0, epoch: 0, limit: 0, held: 0, state: "", waitMs: 0, newest: 0, member: "" };
     if (code === NO_POLICY) throw new NoPolicyError(`${this.dependency}: no policy published for this dependency`);
-    if (code === OTHER_VERSION) throw new VersionError(this.dependency, res.length > 1 ? int(res[1]) : undefined);
+    if (code === OTHER_VERSION) throw versionError(this.dependency, res);
     adm.nowMs = int(res[res.length - 1]);
     switch (code) {
       case ADMITTED:
@@ -324,7 +351,7 @@ export class Client {
     const res = list(await this.run(SCRIPTS.budget, [this.keys.state, this.keys.stats], [], timeoutMs), "budget");
     const code = int(res[0]);
     if (code === -5) throw new NoPolicyError(`${this.dependency}: no policy published for this dependency`);
-    if (code === -6) throw new VersionError(this.dependency, res.length > 1 ? int(res[1]) : undefined);
+    if (code === -6) throw versionError(this.dependency, res);
     list(res, "budget", 6);
     return {
       allowed: code === 1, backoffBaseMs: int(res[1]), backoffMaxMs: int(res[2]),
@@ -339,6 +366,18 @@ export class Client {
     }
     if (!(ttlMs >= 1)) throw new RangeError(`job ttl must be at least 1ms, got ${ttlMs}`);
     return int(await this.run(SCRIPTS.supersede, [this.keys.job(key)], [version, Math.floor(ttlMs)], timeoutMs));
+  }
+
+  /**
+   * Record that this process runs client (node) at this protocol version
+   * (register.lua): at its first use of the dependency and every
+   * REGISTER_EVERY after. Returns Redis's time in ms.
+   */
+  async register(client: string, processId: string, timeoutMs = 0): Promise<number> {
+    if (!client || !processId || /\s/.test(client + processId)) {
+      throw new TypeError(`client "${client}" and process id "${processId}" must be non-empty, without spaces`);
+    }
+    return int(await this.run(SCRIPTS.register, [this.keys.clients], [client, processId], timeoutMs));
   }
 
   /** The benchmark baseline: one EVALSHA that does nothing. */

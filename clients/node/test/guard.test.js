@@ -177,10 +177,28 @@ test("Open, no policy and another protocol version defer the job", async () => {
   await rdb.hset(g.proto.keys.state, "version", "99");
   const skew = await g.do({}, () => assert.fail()).catch((e) => e);
   assert.ok(skew instanceof VersionMismatch, String(skew));
+  assert.ok(skew instanceof NoPolicy);
   assert.equal(skew.stateVersion, 99);
   assert.equal(skew.clientVersion, VERSION);
-  assert.match(skew.message, /version 99.*version \d+/);
+  assert.match(skew.message, new RegExp(`state version 99, manager version \\d+, this client's version ${VERSION}`));
+  assert.match(skew.cause.message, /upgrade this worker's Spillway client/);
   assert.equal(decide(skew).action, "defer");
+  await g.close();
+});
+
+test("a guard registers its process as a node client of this version, in the background", async () => {
+  const d = dep();
+  await publish(rdb, d);
+  const g = guard(d);
+  await g.do({}, () => "ok");
+  let members = [];
+  for (let deadline = Date.now() + 5000; members.length === 0 && Date.now() < deadline; await sleep(20)) {
+    members = await rdb.zrange(g.proto.keys.clients, 0, -1);
+  }
+  assert.equal(members.length, 1);
+  assert.match(members[0], new RegExp(`^node ${VERSION} [0-9a-z]+-[0-9a-z]+$`));
+  await g.do({}, () => "again");
+  assert.equal((await rdb.zrange(g.proto.keys.clients, 0, -1)).length, 1, "one member per process");
   await g.close();
 });
 

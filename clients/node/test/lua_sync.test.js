@@ -7,7 +7,7 @@ import { createHash } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { protocol as P, VERSION, KEY_PREFIX } from "../dist/index.js";
+import { protocol as P, VERSION, MIN_STATE_VERSION, MAX_STATE_VERSION, KEY_PREFIX } from "../dist/index.js";
 
 const GO_LUA = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", "pkg", "protocol", "lua");
 const HINT = "cp pkg/protocol/lua/*.lua clients/node/lua/";
@@ -33,8 +33,18 @@ test("every script file but lib.lua is in the script list, composed like the Go 
   }
 });
 
-test("the protocol version is the scripts' version and the key prefix's", () => {
-  const acquire = readFileSync(join(GO_LUA, "acquire.lua"), "utf8");
-  assert.ok(acquire.includes(`st[1] ~= '${VERSION}'`), `acquire.lua does not check version ${VERSION}`);
-  assert.equal(KEY_PREFIX, `spillway:v${VERSION}:`);
+test("the protocol version is the scripts' version, declared as in the Go client", () => {
+  // The scripts are the version: register.lua records it, lib.lua's
+  // version_refusal accepts the state versions it names.
+  assert.ok(readFileSync(join(GO_LUA, "register.lua"), "utf8").includes(`' ${VERSION} '`), `register.lua does not record version ${VERSION}`);
+  const accepted = [];
+  for (let v = MIN_STATE_VERSION; v <= MAX_STATE_VERSION; v++) accepted.push(`v == '${v}'`);
+  assert.ok(readFileSync(join(GO_LUA, "lib.lua"), "utf8").includes(`if ${accepted.join(" or ")} then return nil end`),
+    `lib.lua does not act on state versions ${MIN_STATE_VERSION} to ${MAX_STATE_VERSION}`);
+  const go = readFileSync(join(GO_LUA, "..", "protocol.go"), "utf8");
+  assert.ok(go.includes(`const Version = ${VERSION}\n`), "pkg/protocol's Version differs");
+  assert.ok(go.includes(`MinStateVersion = ${MIN_STATE_VERSION}\n`) && go.includes(`MaxStateVersion = ${MAX_STATE_VERSION}\n`));
+  // The key space is shared with version 4 (docs/protocol.md §10).
+  assert.equal(KEY_PREFIX, "spillway:v4:");
+  assert.ok(go.includes(`const KeyPrefix = "${KEY_PREFIX}"`));
 });

@@ -45,19 +45,44 @@ test("acquire admits up to the limit, then refuses throttled; release frees and 
   assert.equal(w.successMicros, 5000);
 });
 
-test("no policy and another protocol version are typed errors; the version error names both versions", async () => {
+test("no policy and a state version these scripts do not act on are typed errors; the version error names the versions", async () => {
   const d = dep();
   const c = new P.Client(rdb, d);
   await assert.rejects(c.acquire("x", 1000), P.NoPolicyError);
   await assert.rejects(c.budget(), P.NoPolicyError);
   await publish(rdb, d);
-  await rdb.hset(c.keys.state, "version", String(VERSION + 7));
+  for (const v of [P.MIN_STATE_VERSION, P.MAX_STATE_VERSION]) {
+    await rdb.hset(c.keys.state, "version", String(v));
+    assert.equal((await c.acquire(`in-${v}`, 1000)).code, P.ADMITTED, `state version ${v} is in the skew`);
+  }
+  await rdb.hset(c.keys.state, "version", "7");
+  await rdb.hset(c.keys.state, "manager_version", "8", "manager_seq", await rdb.hget(c.keys.state, "seq"));
   const err = await c.acquire("y", 1000).then(() => null, (e) => e);
   assert.ok(err instanceof P.VersionError, String(err));
-  assert.equal(err.stateVersion, VERSION + 7);
+  assert.equal(err.stateVersion, 7);
+  assert.equal(err.managerVersion, 8);
   assert.equal(err.clientVersion, VERSION);
-  assert.match(err.message, new RegExp(`version ${VERSION + 7}.*version ${VERSION}`));
+  assert.match(err.message, new RegExp(`manager at protocol version 8 for workers at protocol version 7 or later; this worker speaks version ${VERSION}, which acts on state versions 4 to 5: upgrade this worker's Spillway client`));
   await assert.rejects(c.budget(), P.VersionError);
+  await rdb.hset(c.keys.state, "version", "3");
+  const old = await c.acquire("z", 1000).then(() => null, (e) => e);
+  assert.match(old.message, /upgrade the Spillway manager/);
+});
+
+test("register records the client and this version for the process; a release counts this version's calls", async () => {
+  const d = dep();
+  await publish(rdb, d);
+  const c = new P.Client(rdb, d);
+  const now = await c.register("node", "proc-1");
+  assert.ok(Math.abs(now - Date.now()) < 5000);
+  assert.deepEqual(await rdb.zrange(c.keys.clients, 0, -1), [`node ${VERSION} proc-1`]);
+  assert.ok((await rdb.pttl(c.keys.clients)) > 500_000);
+  await assert.rejects(c.register("no de", "p"), TypeError);
+  await c.acquire("v1", 1000);
+  await c.release("v1", "s", 1);
+  const calls = await rdb.hgetall(c.keys.calls);
+  assert.deepEqual(Object.values(calls), ["1"]);
+  assert.match(Object.keys(calls)[0], new RegExp(`^\\d+0:${VERSION}$`));
 });
 
 test("rate, open, superseded and late refusals", async () => {
