@@ -86,7 +86,7 @@ python-test: redis ## Run the Python client's tests on Debian's python3 (modules
 .PHONY: node-test
 node-test: redis ## Run the Node client's tests on node 20+ (npm modules installed from the lockfile by hack/setup-node.sh).
 	@hack/setup-node.sh
-	cd clients/node && npx --no-install tsc -p tsconfig.json && node --test --test-concurrency=4 --test-timeout=120000 test/*.test.js
+	cd clients/node && npx --no-install tsc -p tsconfig.json && node --test --test-concurrency=4 --test-timeout=180000 test/*.test.js
 
 .PHONY: test
 test: envtest helm redis modules prometheus python-test node-test ## Run every test (Python and Node clients, then Go) against a real kube-apiserver, etcd, redis-server and Prometheus.

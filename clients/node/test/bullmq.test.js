@@ -16,6 +16,10 @@ import { RedisServer, dep, publish, redisNowMs } from "./helpers.js";
 import { startDependency } from "./fixtures/dependency.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
+// Worker processes still running when this file's process exits (a test cut
+// short by the runner's timeout) are killed with it.
+const children = new Set();
+process.on("exit", () => { for (const c of children) c.kill("SIGKILL"); });
 let srv, rdb, fake;
 before(async () => {
   srv = await RedisServer.start();
@@ -231,8 +235,11 @@ test("the cap: 4 worker processes at concurrency 50 against a limit of 20: at mo
     for (let i = 0; i < 4; i++) {
       procs.push(spawn(process.execPath, [join(HERE, "fixtures", "bullmq_worker.js")], {
         env: { ...process.env, REDIS_PORT: String(srv.port), QUEUE: name, DEPENDENCY: d, DEP_URL: fake.url, CONCURRENCY: "50" },
-        stdio: ["ignore", "pipe", "inherit"],
+        stdio: ["ignore", "pipe", "pipe"], // not the runner's stderr: a worker left behind must not hold it open
       }));
+      procs.at(-1).stderr.on("data", (b) => process.stderr.write(b));
+      children.add(procs.at(-1));
+      procs.at(-1).once("exit", function () { children.delete(this); });
     }
     await Promise.all(procs.map((p) => new Promise((resolve, reject) => {
       createInterface({ input: p.stdout }).once("line", resolve);
@@ -257,7 +264,10 @@ test("the cap: 4 worker processes at concurrency 50 against a limit of 20: at mo
   } finally {
     fake.delayMs = 20;
     for (const p of procs) p.kill("SIGTERM");
-    await Promise.all(procs.map((p) => (p.exitCode !== null ? null : new Promise((r) => p.once("exit", r)))));
+    await Promise.all(procs.map((p) => (p.exitCode !== null || p.signalCode !== null ? null : new Promise((r) => {
+      const kill = setTimeout(() => p.kill("SIGKILL"), 10_000);
+      p.once("exit", () => { clearTimeout(kill); r(); });
+    }))));
     await queue.close();
   }
 });

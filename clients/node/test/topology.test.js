@@ -39,8 +39,8 @@ test("cluster: two guards share one limit; failures, the budget and probes work"
   const c = clusterClient();
   const d = dep();
   await publish(c, d, { limit: 3, backoffBaseMs: 100, backoffMaxMs: 400 });
-  const g1 = new Guard(c, d, { registry: null });
-  const g2 = new Guard(c, d, { registry: null });
+  const g1 = new Guard(c, d, { registry: null, redisTimeout: 2000 }); // not about a slow Redis; a busy machine
+  const g2 = new Guard(c, d, { registry: null, redisTimeout: 2000 });
   let running = 0, most = 0;
   const holders = [];
   for (let i = 0; i < 3; i++) {
@@ -68,7 +68,7 @@ test("sentinel: the guard works through the master ioredis finds, and after a fa
     c.on("error", () => {});
     const d = dep();
     await publish(c, d, { limit: 2 });
-    const g = new Guard(c, d, { registry: null, redisTimeout: 250 });
+    const g = new Guard(c, d, { registry: null, redisTimeout: 1000 });
     assert.equal(await g.do({}, () => "via sentinel"), "via sentinel");
     await s.master.stop(); // the sentinels promote the replica
     const deadline = Date.now() + 30_000;
