@@ -379,6 +379,7 @@ export class Guard {
   private readonly running = new Set<Permit>();
   private readonly forgetter: Forgetter;
   private renewTick: NodeJS.Timeout | null = null;
+  private lastRunning = 0;
   private registerAt = 0;
   private registering = false;
   private closed = false;
@@ -488,10 +489,6 @@ export class Guard {
   untrack(p: Permit): void {
     this.running.delete(p);
     this.metrics.inFlight.dec();
-    if (this.running.size === 0 && this.renewTick) {
-      clearInterval(this.renewTick);
-      this.renewTick = null;
-    }
   }
 
   /**
@@ -504,6 +501,17 @@ export class Guard {
    */
   private renewDue(): void {
     const now = performance.now();
+    if (this.running.size === 0) {
+      // Idle: the tick stops, the next admitted call starts it again. Not
+      // stopped by the call that ends (a guard calling one at a time would
+      // make and clear a timer per call).
+      if (now - this.lastRunning >= this.leaseTtl && this.renewTick) {
+        clearInterval(this.renewTick);
+        this.renewTick = null;
+      }
+      return;
+    }
+    this.lastRunning = now;
     for (const p of this.running) if (!p.local) void p.renew(now);
   }
 
@@ -639,6 +647,7 @@ export class Guard {
   private track(p: Permit, start: number): Permit {
     this.running.add(p);
     if (!this.renewTick && !p.local) {
+      this.lastRunning = performance.now();
       this.renewTick = setInterval(() => this.renewDue(), Math.max(this.leaseTtl / 6, 1));
       this.renewTick.unref();
     }
