@@ -175,11 +175,13 @@ func TestGoPythonAndNodeWorkersAreOneFleet(t *testing.T) {
 	// trip (the breaker's rule, published as the controller publishes it)
 	// opens the breaker from their releases, and all three languages are
 	// refused. The Node processes make a sixth of the calls or fewer (they
-	// made 13-20% in phase 1), so the rule's ratio is 10%: their failures
-	// alone cross it, the others' successes count against it.
+	// made 13-20% in phase 1), and fewer once their failures spend the retry
+	// budget and they park (6% of the window's calls in one run), so the
+	// rule's ratio is 3%: their failures alone cross it, the others'
+	// successes count against it, and no other worker fails.
 	tripFrom := time.Now()
 	policy.Epoch = 2
-	policy.Trip.On, policy.Trip.FailureRatio, policy.Trip.MinCalls = true, 0.1, 20
+	policy.Trip.On, policy.Trip.FailureRatio, policy.Trip.MinCalls = true, 0.03, 20
 	policy.Trip.Since, policy.Trip.OpenDuration = tripFrom, time.Minute
 	_, err := proto.Publish(ctx, policy)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -219,7 +221,7 @@ func TestGoPythonAndNodeWorkersAreOneFleet(t *testing.T) {
 	// Phase 3, the ramp (published as the controller publishes it after a
 	// clean HalfOpen, the trip acknowledged): each step reaches all three
 	// languages, and none goes over the step's limit.
-	policy.Trip.On, policy.Trip.Acknowledged = false, tripped.TrippedAt
+	policy.Trip.On, policy.Trip.Acknowledged, policy.Trip.AcknowledgedCount = false, tripped.TripSeen(), tripped.TripsSeen()
 	for i, step := range []int64{2, 4, threeLimit} {
 		policy.Epoch = int64(3 + i)
 		policy.State, policy.Limit = wire.Ramping, step
