@@ -163,3 +163,19 @@ export class HttpStatusError extends Error {
     super(`${url}: HTTP ${status}`);
   }
 }
+
+/**
+ * Redis is configured to evict keys (a maxmemory-policy other than
+ * noeviction): under memory pressure it may drop leases, the published state
+ * or a job's version, and the fleet would then run more calls than its
+ * limit. Every guard.do throws it (a configuration error, not a refusal:
+ * decide() says null) unless the guard has allowEviction.
+ */
+export class EvictionPolicyError extends Error {
+  override name = "EvictionPolicyError";
+  constructor(readonly policy: string, dependency: string) {
+    super(`redis has maxmemory-policy ${policy}: it may evict Spillway's leases and state for ${dependency} under memory pressure, ` +
+      "and the fleet would then run more calls than its limit; set maxmemory-policy noeviction " +
+      "(or pass allowEviction: true, and alert on spillway_worker_redis_evicting)");
+  }
+}

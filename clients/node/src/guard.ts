@@ -79,6 +79,16 @@ export interface GuardOptions {
   callerId?: string;
   /** How long close() waits for running calls to end before it releases their slots itself, ms (default 5 000). */
   closeTimeout?: number;
+  /**
+   * Let the guard run on a Redis configured to evict keys (a
+   * maxmemory-policy other than noeviction), which it refuses by default
+   * (every do() throws EvictionPolicyError): under memory pressure such a
+   * Redis may drop leases, the published state or a job's version. With
+   * it, calls go on and the gauge spillway_worker_redis_evicting says 1;
+   * alert on it. The policy is read once, with INFO memory on every master,
+   * before the first call; a Redis that does not answer is not waited for.
+   */
+  allowEviction?: boolean;
 }
 
 // Redis clock estimate (pkg/guard/redisclock.go).
@@ -380,6 +390,9 @@ export class Guard {
   private readonly forgetter: Forgetter;
   private renewTick: NodeJS.Timeout | null = null;
   private lastRunning = 0;
+  private readonly evictionChecked: Promise<void>;
+  private evictionKnown = false;
+  private evictionError: E.EvictionPolicyError | null = null;
   private registerAt = 0;
   private registering = false;
   private closed = false;
@@ -414,6 +427,17 @@ export class Guard {
     this.metrics = new Metrics(this.dependency, o.registry);
     this.clock = new RedisClock(this.now);
     this.forgetter = new Forgetter(this.proto, this.redisTimeout, this.metrics);
+    const allow = o.allowEviction ?? false;
+    this.evictionChecked = this.proto.evictionPolicy(this.redisTimeout).then((policy) => {
+      if (policy === "noeviction") return this.metrics.redisEvicting.set(0);
+      if (!allow) {
+        this.evictionError = new E.EvictionPolicyError(policy, this.dependency);
+        return;
+      }
+      console.warn(`spillway: Redis evicts keys (maxmemory-policy ${policy}): the fleet's limits for ${this.dependency} no longer hold under memory pressure`);
+      this.metrics.redisEvicting.set(1);
+    }, () => { /* Redis did not answer: calls fail closed until it does; not checked again */ })
+      .finally(() => { this.evictionKnown = true; });
   }
 
   /** Calls admitted (fail-open ones included) that have not ended. */
@@ -532,6 +556,8 @@ export class Guard {
       throw new RangeError(`job version must be an integer in [0, 2^53), got ${job.version}`);
     }
     if (this.closed) throw new E.Cancelled(this.jitterUp(this.deferDelay), { detail: "the guard is closed" });
+    if (!this.evictionKnown) await this.evictionChecked;
+    if (this.evictionError) throw this.evictionError;
     if (job.signal?.aborted) throw new E.Cancelled(this.jitterUp(this.deferDelay), { cause: job.signal.reason, detail: "the job's signal was aborted" });
     const deadline = job.deadline instanceof Date ? job.deadline.getTime() : job.deadline;
     if (deadline !== undefined && this.now() >= deadline) {

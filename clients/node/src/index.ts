@@ -2,7 +2,7 @@
 export { Guard, RedisClock, type GuardOptions, type Job } from "./guard.js";
 export {
   SpillwayError, Throttled, RateLimited, BreakerOpen, RedisUnavailable, BadReply, NoPolicy, VersionMismatch,
-  Cancelled, LeaseLost, Stale, Superseded, CallFailed, BudgetExhausted, Permanent, RetryAfter, HttpStatusError,
+  Cancelled, LeaseLost, Stale, Superseded, CallFailed, BudgetExhausted, Permanent, RetryAfter, HttpStatusError, EvictionPolicyError,
   decide, type Action, type Decision,
 } from "./errors.js";
 export { checkResponse, parseRetryAfter } from "./http.js";

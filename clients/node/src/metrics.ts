@@ -32,8 +32,8 @@ export type UnreadResult = "queued" | "forgotten" | "expired" | "dropped";
 
 interface Inc { inc(): void }
 interface Obs { observe(v: number): void }
-interface Gauge { inc(): void; dec(): void }
-const NOP: Inc & Obs & Gauge = { inc() {}, observe() {}, dec() {} };
+interface Gauge { inc(): void; dec(): void; set(v: number): void }
+const NOP: Inc & Obs & Gauge = { inc() {}, observe() {}, dec() {}, set() {} };
 
 /** The series of one dependency, or no-ops. */
 export class Metrics {
@@ -46,6 +46,7 @@ export class Metrics {
   failOpen: Inc = NOP;
   slotWait: Obs = NOP;
   inFlight: Gauge = NOP;
+  redisEvicting: Gauge = NOP;
   private calls = new Map<string, Inc>();
   private throttledBy = new Map<string, Inc>();
   private unreadBy = new Map<string, Inc>();
@@ -78,6 +79,13 @@ export class Metrics {
     const inFlight = (reg.getSingleMetric("spillway_worker_in_flight") as import("prom-client").Gauge<string> | undefined) ??
       new p.Gauge({ name: "spillway_worker_in_flight", help: "Calls admitted and not yet finished, fail-open admissions included.", labelNames: ["dependency"], registers: [reg] });
     this.inFlight = inFlight.labels(d);
+    const evicting = (reg.getSingleMetric("spillway_worker_redis_evicting") as import("prom-client").Gauge<string> | undefined) ??
+      new p.Gauge({
+        name: "spillway_worker_redis_evicting",
+        help: "1 when the guard started (Options.AllowEviction) on a Redis whose maxmemory-policy evicts keys: leases and the published state may disappear, and the fleet's limits no longer hold.",
+        labelNames: ["dependency"], registers: [reg],
+      });
+    this.redisEvicting = evicting.labels(d);
     for (const [o, name] of Object.entries(OUTCOME_NAMES)) {
       for (const a of ATTEMPTS) this.calls.set(o + a, calls.labels(d, name, a));
     }

@@ -402,6 +402,24 @@ export class Client {
     return Object.fromEntries(names.map((n, i) => [n, int(res[i])]));
   }
 
+  /**
+   * The maxmemory-policy of every master this client writes to (INFO
+   * memory, which works where CONFIG is disabled): the first that is not
+   * noeviction, else "noeviction". Rejects when Redis does not answer.
+   */
+  async evictionPolicy(timeoutMs = 0): Promise<string> {
+    const rdb = this.rdb as RedisLike & { nodes?: (role: string) => Redis[] };
+    const targets: { sendCommand(c: Command): unknown }[] = typeof rdb.nodes === "function" && (rdb as Cluster).isCluster ? rdb.nodes("master") : [rdb];
+    for (const t of targets) {
+      const cmd = new Command("info", ["memory"], { replyEncoding: "utf8" });
+      if (timeoutMs > 0) cmd.setTimeout(timeoutMs);
+      const info = String(await (t.sendCommand(cmd) as Promise<unknown>));
+      const policy = /maxmemory_policy:(\S+)/.exec(info)?.[1] ?? "noeviction";
+      if (policy !== "noeviction") return policy;
+    }
+    return "noeviction";
+  }
+
   /** Leases that count now (ZCOUNT leases (now_ms +inf, Redis time). */
   async liveLeases(): Promise<number> {
     const [s, us] = (await this.rdb.time()) as unknown as [string, string];

@@ -12,7 +12,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { Registry } from "prom-client";
 import {
   Guard, decide, Throttled, BreakerOpen, NoPolicy, VersionMismatch, CallFailed, BudgetExhausted, Stale, Superseded,
-  Cancelled, LeaseLost, Permanent, checkResponse, protocol as P, VERSION,
+  Cancelled, LeaseLost, Permanent, EvictionPolicyError, checkResponse, protocol as P, VERSION,
 } from "../dist/index.js";
 import { RedisServer, dep, publish, redisNowMs } from "./helpers.js";
 
@@ -310,6 +310,7 @@ test("the metrics have the names and labels of pkg/guard/metrics.go", async () =
   const goNames = new Set([...goSrc.matchAll(/c\("([a-z_]+)",/g)].map((m) => `spillway_worker_${m[1]}`));
   goNames.add("spillway_worker_slot_wait_seconds");
   goNames.add("spillway_worker_in_flight");
+  for (const m of goSrc.matchAll(/Subsystem: "worker", Name: "([a-z_]+)"/g)) goNames.add(`spillway_worker_${m[1]}`);
   const d = dep();
   await publish(rdb, d, { limit: 1 });
   const registry = new Registry();
@@ -327,4 +328,27 @@ test("the metrics have the names and labels of pkg/guard/metrics.go", async () =
   const g2 = new Guard(rdb, dep(), { registry });
   await g.close();
   await g2.close();
+});
+
+test("a Redis that evicts keys is refused unless allowEviction, which sets spillway_worker_redis_evicting", async () => {
+  const own = await RedisServer.start("--maxmemory-policy", "allkeys-lru");
+  const c = own.client();
+  try {
+    const d = dep();
+    await publish(c, d);
+    const refused = new Guard(c, d, { registry: null, redisTimeout: 2000 });
+    const err = await refused.do({}, () => assert.fail("never runs")).catch((e) => e);
+    assert.ok(err instanceof EvictionPolicyError, String(err));
+    assert.match(err.message, /maxmemory-policy allkeys-lru/);
+    assert.equal(decide(err).action, null, "a configuration error, not a refusal");
+    await refused.close();
+    const registry = new Registry();
+    const allowed = new Guard(c, d, { registry, redisTimeout: 2000, allowEviction: true });
+    assert.equal(await allowed.do({}, () => "runs"), "runs");
+    assert.match(await registry.metrics(), new RegExp(`spillway_worker_redis_evicting\\{dependency="${d}"\\} 1`));
+    await allowed.close();
+  } finally {
+    c.disconnect();
+    await own.close();
+  }
 });
