@@ -252,8 +252,12 @@ class Permit {
     const outer = job.signal;
     if (outer) {
       const onAbort = () => this.abort(new E.Cancelled(0, { cause: outer.reason, detail: "the job's signal was aborted" }));
-      this.onAbort = onAbort;
-      outer.addEventListener("abort", onAbort, { once: true });
+      if (outer.aborted) {
+        onAbort(); // aborted while the acquisition was on its way: its event has fired already
+      } else {
+        this.onAbort = onAbort;
+        outer.addEventListener("abort", onAbort, { once: true });
+      }
     }
   }
 

@@ -249,6 +249,12 @@ test("the job's signal cancels the call: released as cancelled, deferred", async
   assert.equal(await g.proto.liveLeases(), 0);
   const pre = await g.do({ signal: AbortSignal.abort() }, () => assert.fail()).catch((e) => e);
   assert.ok(pre instanceof Cancelled);
+  // Aborted while the acquisition is on its way: the call's signal is
+  // aborted from the start (its abort event fired before the call existed).
+  const late = new AbortController();
+  const inFlight = g.do({ signal: late.signal }, async (signal) => signal.aborted);
+  late.abort(new Error("shutting down"));
+  assert.equal(await inFlight, true, "the call's signal was not aborted");
   await g.close();
 });
 

@@ -43,10 +43,11 @@ test("cluster: two guards share one limit; failures, the budget and probes work"
   const g2 = new Guard(c, d, { registry: null, redisTimeout: 2000 });
   let running = 0, most = 0;
   const holders = [];
+  let started = 0;
   for (let i = 0; i < 3; i++) {
-    holders.push((i % 2 ? g1 : g2).do({}, async () => { running++; most = Math.max(most, running); await sleep(200); running--; }));
+    holders.push((i % 2 ? g1 : g2).do({}, async () => { started++; running++; most = Math.max(most, running); await sleep(300); running--; }));
   }
-  await sleep(50);
+  while (started < 3) await sleep(5); // all three hold their slots (a busy machine connects slowly)
   const refused = await g1.do({}, () => assert.fail()).catch((e) => e);
   assert.ok(refused instanceof Throttled, String(refused));
   await Promise.all(holders);
