@@ -157,10 +157,14 @@ func (p Published) TripsSeen() int64 {
 }
 
 // TripPending reports whether p holds a trip that no plan has acknowledged:
-// a TrippedAt after Trip.Acknowledged, or a TripCount above
-// Trip.AcknowledgedCount.
+// a TrippedAt after Trip.Acknowledged, or, when a manager of version 5 or
+// later published p, a TripCount above Trip.AcknowledgedCount. A manager of
+// version 4 takes trips over by their time alone and leaves
+// trip_acked_count behind: the trips workers of version 5 counted under it
+// are acknowledged when their time is (the version skew, docs/protocol.md
+// §10).
 func (p Published) TripPending() bool {
-	return p.TrippedAt.After(p.Trip.Acknowledged) || p.TripCount > p.Trip.AcknowledgedCount
+	return p.TrippedAt.After(p.Trip.Acknowledged) || p.ManagerVersion >= 5 && p.TripCount > p.Trip.AcknowledgedCount
 }
 
 // RateBurst is the rate limiter's burst for a rate: a tenth of a second's

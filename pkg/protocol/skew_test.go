@@ -396,3 +396,25 @@ func TestTwoVersionsScriptsOnOneConnection(t *testing.T) {
 		t.Errorf("%d connections, want 1", n)
 	}
 }
+
+// TestTripPendingUnderAVersion4Manager: a manager of version 4 takes a trip
+// over by its time alone (trip_acked_ms) and never writes trip_acked_count,
+// so the trips workers of version 5 counted under it are not pending for a
+// manager of version 5 that reads its publication; one a manager of version
+// 5 published still fences by the count (the rolling-upgrade test found the
+// first: the upgraded manager reopened the breaker mid-ramp).
+func TestTripPendingUnderAVersion4Manager(t *testing.T) {
+	at := time.Unix(1_800_000_000, 0)
+	p := protocol.Published{TrippedAt: at, TripCount: 2, Trip: protocol.Trip{Acknowledged: at, AcknowledgedCount: 1}}
+	if p.TripPending() {
+		t.Error("a trip a manager of version 4 took over by its time is pending")
+	}
+	p.ManagerVersion = protocol.Version
+	if !p.TripPending() {
+		t.Error("a trip counted after the last acknowledgement of a manager of version 5 is not pending")
+	}
+	p.ManagerVersion, p.TrippedAt = 0, at.Add(time.Millisecond)
+	if !p.TripPending() {
+		t.Error("a trip after the time a manager of version 4 acknowledged is not pending")
+	}
+}
