@@ -85,6 +85,11 @@ python-test: redis ## Run the Python client's tests on Debian's python3 (modules
 test: envtest helm redis modules prometheus python-test ## Run every test (Python client, then Go) against a real kube-apiserver, etcd, redis-server and Prometheus.
 	SPILLWAY_REQUIRE_PYTHON=1 SPILLWAY_REQUIRE_HELM=1 go test $(TEST_FLAGS) ./...
 
+.PHONY: skew-long
+skew-long: envtest redis modules ## Run the long form of the version-skew test (test/skew): more workers, outages, manager switches and worker rollbacks.
+	@hack/setup-python.sh
+	SPILLWAY_REQUIRE_PYTHON=1 SPILLWAY_SKEW_LONG=1 go test -count=1 -timeout=30m -v -run '^TestRollingUpgradeUnderLoad$$' ./test/skew
+
 .PHONY: bench
 bench: envtest redis modules ## Run the benchmarks whose figures go in docs/benchmarks.md.
 	go test $(BENCH_FLAGS) -bench=. ./...

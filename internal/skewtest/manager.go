@@ -13,6 +13,7 @@ import (
 
 // Managers is where manager processes run: an API server (its kubeconfig),
 // a Redis, a directory for their logs, and the flags every replica gets.
+// Redis is used by Start only.
 type Managers struct {
 	Kubeconfig string
 	Redis      string
@@ -33,20 +34,27 @@ type Manager struct {
 // (the Lease in the namespace default).
 func (m Managers) Start(t testing.TB, b Binaries, name string) *Manager {
 	t.Helper()
+	return m.StartWith(t, b, name, []string{
+		"--leader-elect=true",
+		"--leader-election-namespace=default",
+		"--redis-addr=" + m.Redis,
+		"--metrics-bind-address=0",
+		"--health-probe-bind-address=0",
+	})
+}
+
+// StartWith starts a replica of version b named name with args (those of
+// a Deployment's container, say), then --kubeconfig and m.Flags, which
+// override them.
+func (m Managers) StartWith(t testing.TB, b Binaries, name string, args []string) *Manager {
+	t.Helper()
 	logPath := filepath.Join(m.Dir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	args := append([]string{
-		"--kubeconfig=" + m.Kubeconfig,
-		"--leader-elect=true",
-		"--leader-election-namespace=default",
-		"--redis-addr=" + m.Redis,
-		"--metrics-bind-address=0",
-		"--health-probe-bind-address=0",
-	}, m.Flags...)
+	args = append(append(append([]string(nil), args...), "--kubeconfig="+m.Kubeconfig), m.Flags...)
 	p, err := proctest.Start(b.Manager, args, m.Dir, f)
 	if err != nil {
 		t.Fatal(err)
