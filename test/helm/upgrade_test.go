@@ -182,7 +182,7 @@ func upgradePolicy(name string) *spillwayv1alpha1.DependencyPolicy {
 			},
 			Breaker: spillwayv1alpha1.Breaker{
 				FailureRatio: 0.5, MinCalls: 10, HalfOpenProbes: 1,
-				Window:       metav1.Duration{Duration: 10 * time.Second},
+				Window:       metav1.Duration{Duration: 3 * time.Second},
 				OpenDuration: metav1.Duration{Duration: time.Second},
 			},
 		},

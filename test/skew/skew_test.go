@@ -267,7 +267,7 @@ func (r *rollout) waitState(state string, timeout time.Duration) {
 }
 
 // createPolicy creates the policy: capacity 8, ramped over steps 2..7 then
-// 8 on a fixed schedule, opened by 10 calls at half failures, one probe.
+// 8 on a fixed schedule, opened by 10 calls at half failures over 3s, one probe.
 func (r *rollout) createPolicy() {
 	pol := &spillwayv1alpha1.DependencyPolicy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
@@ -280,7 +280,7 @@ func (r *rollout) createPolicy() {
 			},
 			Breaker: spillwayv1alpha1.Breaker{
 				FailureRatio: 0.5, MinCalls: 10, HalfOpenProbes: probes,
-				Window:       metav1.Duration{Duration: 10 * time.Second},
+				Window:       metav1.Duration{Duration: 3 * time.Second},
 				OpenDuration: metav1.Duration{Duration: time.Second},
 			},
 		},
