@@ -20,6 +20,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -56,6 +57,7 @@ type rollout struct {
 	g        *WithT
 	kube     *testenv.Env
 	redis    *redistest.Server
+	rdb      *redis.Client
 	dep      *skewtest.Dependency
 	old, cur skewtest.Binaries
 	managers skewtest.Managers
@@ -141,7 +143,11 @@ func TestRollingUpgradeUnderLoad(t *testing.T) {
 		r.waitSaw(s.Name, "the ramp", func(x skewtest.Seen) bool { return kind(x) == "ramping" }, r.lastOutage())
 		if i == len(rest)-1 {
 			r.waitState("Closed", 60*time.Second)
-			r.waitSaw(s.Name, "full capacity again", func(x skewtest.Seen) bool { l, ok := x.Limit(); return ok && l == capacity }, r.lastOutage())
+			w := r.workers[s.Name]
+			r.g.Eventually(func() string {
+				seen := w.Seen()
+				return seen[len(seen)-1].What
+			}).WithTimeout(30*time.Second).Should(Equal(fmt.Sprintf("limit=%d", capacity)), "the worker %s sees the full capacity again", w.ID())
 		}
 		r.rollWorker(s.Name, r.cur)
 	}
@@ -206,10 +212,11 @@ func setup(t *testing.T) *rollout {
 	g.Expect(os.WriteFile(kubeconfig, kc, 0o600)).To(Succeed())
 	g.Expect(kube.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}})).To(Succeed())
 	r.redis = redistest.Start(t)
+	r.rdb = r.redis.Client()
 	r.dep = skewtest.StartDependency(t, capacity, hold)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	r.states = skewtest.WatchStates(ctx, r.redis.Client(), dep)
+	r.states = skewtest.WatchStates(ctx, r.rdb, dep)
 
 	b := <-builds
 	g.Expect(b.err).NotTo(HaveOccurred())
@@ -255,7 +262,7 @@ func (r *rollout) leader() *skewtest.Manager {
 
 // state is what the state hash says now.
 func (r *rollout) state() skewtest.State {
-	s, _, err := skewtest.ReadState(context.Background(), r.redis.Client(), dep)
+	s, _, err := skewtest.ReadState(context.Background(), r.rdb, dep)
 	r.g.Expect(err).NotTo(HaveOccurred())
 	return s
 }
@@ -417,7 +424,7 @@ func (r *rollout) check() {
 	r.phase("stopped the workers")
 
 	// No lease left behind.
-	leases, err := skewtest.LiveLeases(context.Background(), r.redis.Client(), dep)
+	leases, err := skewtest.LiveLeases(context.Background(), r.rdb, dep)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(leases).To(BeZero(), "live leases left behind once every worker stopped")
 
