@@ -45,11 +45,12 @@ vet: ## Run go vet.
 	go vet ./...
 
 .PHONY: verify
-verify: generate manifests ## Fail when generated files, formatting or go.mod are stale.
+verify: generate manifests ## Fail when generated files, formatting or go.mod are stale, or the protocol's wire changed without a new version (hack/protocolpin).
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	go vet ./...
 	go mod tidy -diff
+	go run ./hack/protocolpin
 	@git diff --exit-code -- api config charts || { echo "generated files are stale: run 'make generate manifests' and commit"; exit 1; }
 	@untracked=$$(git ls-files --others --exclude-standard -- api config charts); \
 	if [ -n "$$untracked" ]; then echo "generated files are not committed: $$untracked"; exit 1; fi

@@ -3,6 +3,7 @@ package controllers
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,6 +32,24 @@ const (
 	// controller makes no progress until the spec changes. It is absent
 	// otherwise.
 	ConditionStalled = "Stalled"
+	// ConditionWorkersServed is True while every worker process that
+	// registered for the dependency in the last minute speaks a protocol
+	// version this manager serves (protocol.Served: one older, its own, one
+	// newer), False with ReasonUnservedWorkers when one does not: those
+	// workers defer every call until their library or the manager is
+	// upgraded (docs/operations.md, Upgrading). The message says which
+	// versions the fleet speaks. Absent until the evaluator has read it.
+	ConditionWorkersServed = "WorkersServed"
+)
+
+// Reasons of the WorkersServed condition.
+const (
+	// ReasonWorkerVersionsServed (True): every worker seen speaks a served
+	// version.
+	ReasonWorkerVersionsServed = "WorkerVersionsServed"
+	// ReasonUnservedWorkers (False): some registered worker processes speak
+	// a protocol version this manager does not serve.
+	ReasonUnservedWorkers = "UnservedWorkers"
 )
 
 // Reasons of the Ready condition.
@@ -320,4 +339,22 @@ func consumersBoundedCondition(results []consumerResult) metav1.Condition {
 	c.Status = metav1.ConditionFalse
 	c.Message = fmt.Sprintf("%d of %d consumers not bounded: %s", len(failed), len(results), strings.Join(failed, "; "))
 	return c
+}
+
+// workersServedCondition is the WorkersServed condition of a fleet whose
+// versions the evaluator read.
+func workersServedCondition(f protocol.Fleet) metav1.Condition {
+	unserved := f.Unserved()
+	if len(unserved) == 0 {
+		return metav1.Condition{Type: ConditionWorkersServed, Status: metav1.ConditionTrue, Reason: ReasonWorkerVersionsServed,
+			Message: "Workers seen in the last minute, by protocol version: " + f.Summary()}
+	}
+	var who []string
+	for p, n := range unserved {
+		who = append(who, fmt.Sprintf("%d %s process(es) at protocol version %d", n, p.Client, p.Version))
+	}
+	slices.Sort(who)
+	return metav1.Condition{Type: ConditionWorkersServed, Status: metav1.ConditionFalse, Reason: ReasonUnservedWorkers,
+		Message: fmt.Sprintf("%s: this manager speaks protocol version %d and serves workers at versions %d to %d, so those workers defer every call; upgrade their Spillway library (or roll the manager to a version that serves them), see docs/operations.md \"Upgrading\". Workers seen in the last minute: %s",
+			strings.Join(who, ", "), protocol.Version, protocol.Version-1, protocol.Version+1, f.Summary())}
 }

@@ -201,3 +201,38 @@ func TestStalledAndReleasePendingConditions(t *testing.T) {
 	g.Expect(c.Reason).To(Equal(ReasonReleasePending))
 	g.Expect(c.Message).To(And(ContainSubstring(AnnotationSkipRedisRelease+"=true"), ContainSubstring("connection refused")))
 }
+
+func TestWorkersServedCondition(t *testing.T) {
+	v := protocol.Version
+	tests := []struct {
+		name    string
+		fleet   protocol.Fleet
+		status  metav1.ConditionStatus
+		reason  string
+		message []string
+	}{
+		{name: "no workers", status: metav1.ConditionTrue, reason: ReasonWorkerVersionsServed, message: []string{"by protocol version: none"}},
+		{name: "this version and unregistered older calls", fleet: protocol.Fleet{
+			Processes: map[protocol.Process]int{{Client: "go", Version: v}: 2}, Calls: 50, CallsByVersion: map[int]int64{v: 20},
+		}, status: metav1.ConditionTrue, reason: ReasonWorkerVersionsServed, message: []string{"v5: 2 go; v4: 30 calls/min (unregistered)"}},
+		{name: "one version newer is served", fleet: protocol.Fleet{
+			Processes: map[protocol.Process]int{{Client: "python", Version: v + 1}: 1},
+		}, status: metav1.ConditionTrue, reason: ReasonWorkerVersionsServed},
+		{name: "two versions newer is not", fleet: protocol.Fleet{
+			Processes: map[protocol.Process]int{{Client: "go", Version: v}: 1, {Client: "node", Version: v + 2}: 3},
+		}, status: metav1.ConditionFalse, reason: ReasonUnservedWorkers, message: []string{
+			"3 node process(es) at protocol version 7", "serves workers at versions 4 to 6", "upgrade their Spillway library"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			c := workersServedCondition(tt.fleet)
+			g.Expect(c.Type).To(Equal(ConditionWorkersServed))
+			g.Expect(c.Status).To(Equal(tt.status))
+			g.Expect(c.Reason).To(Equal(tt.reason))
+			for _, m := range tt.message {
+				g.Expect(c.Message).To(ContainSubstring(m))
+			}
+		})
+	}
+}

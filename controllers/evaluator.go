@@ -267,7 +267,17 @@ func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.Dependen
 		}
 		log.Info("Policy "+t.Reason, "from", t.From, "to", t.To, "limit", out.Next.Limit, "epoch", out.Next.Epoch, "message", t.Message)
 	}
-	return evaluation{Published: out.Next, Window: window, At: at, Signal: signal}
+	ev := evaluation{Published: out.Next, Window: window, At: at, Signal: signal}
+	rctx, cancel := context.WithTimeout(ctx, r.Options.RedisTimeout)
+	fleet, err := pc.ReadFleet(rctx)
+	cancel()
+	if err != nil {
+		log.V(1).Info("Could not read the workers' protocol versions", "error", err.Error())
+	} else {
+		ev.Fleet, ev.FleetRead = fleet, true
+		recordFleet(key, fleet)
+	}
+	return ev
 }
 
 // evaluateInvalid is the evaluator's run for a policy whose spec cannot be

@@ -40,7 +40,7 @@ func releasedState(params policy.Params, paramsErr error, prev protocol.Publishe
 	// The released fleet never trips again (no controller would take the
 	// trip over), and the release acknowledges the last trip, which publish
 	// would otherwise refuse it for (protocol.ErrTripped).
-	next.Trip = protocol.Trip{Acknowledged: prev.TripSeen()}
+	next.Trip = protocol.Trip{Acknowledged: prev.TripSeen(), AcknowledgedCount: prev.TripsSeen()}
 	return closedAtCapacity(next, now, prev.Epoch+2), true
 }
 

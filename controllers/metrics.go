@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -89,6 +90,19 @@ var (
 		Help: "Maximum replicas Spillway set on each consumer's autoscaler: its share of the limit in force.",
 	}, []string{"namespace", "policy", "consumer"})
 
+	// workerProcesses counts the worker processes that registered in the
+	// last minute, by client and protocol version, and callsByProtocol the
+	// calls of the last whole minute by the callers' protocol version ("4":
+	// workers of version 4, which do not register).
+	workerProcesses = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "spillway_policy_worker_processes",
+		Help: "Worker processes of each DependencyPolicy's dependency that registered in the last minute, by client (go, python, node) and protocol version, and whether this manager serves that version (served true or false).",
+	}, []string{"namespace", "name", "client", "protocol", "served"})
+	callsByProtocol = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "spillway_policy_calls_by_protocol",
+		Help: "Calls of each DependencyPolicy's dependency over the last whole minute, by the protocol version of the workers that made them (4: workers of version 4, which do not count themselves).",
+	}, []string{"namespace", "name", "protocol"})
+
 	// reconcileErrors counts failed reconciles by reason.
 	reconcileErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "spillway_reconcile_errors_total",
@@ -105,7 +119,23 @@ var allStates = []wire.State{wire.Closed, wire.Open, wire.HalfOpen, wire.Ramping
 func init() {
 	metrics.Registry.MustRegister(stateGauge, limitGauge, transitionsTotal, evaluationLag, reconcileErrors,
 		capacityGauge, rampStepGauge, stepBacksTotal, publishedTimestamp, staleAfterGauge,
-		consumersBoundedGauge, consumerMinReplicas, consumerMaxReplicas)
+		consumersBoundedGauge, consumerMinReplicas, consumerMaxReplicas, workerProcesses, callsByProtocol)
+}
+
+// recordFleet sets the gauges of which protocol versions a policy's workers
+// speak, dropping the series of versions no longer seen.
+func recordFleet(key types.NamespacedName, f protocol.Fleet) {
+	workerProcesses.DeletePartialMatch(prometheus.Labels{"namespace": key.Namespace, "name": key.Name})
+	callsByProtocol.DeletePartialMatch(prometheus.Labels{"namespace": key.Namespace, "name": key.Name})
+	for p, n := range f.Processes {
+		workerProcesses.WithLabelValues(key.Namespace, key.Name, p.Client, strconv.Itoa(p.Version), strconv.FormatBool(protocol.Served(p.Version))).Set(float64(n))
+	}
+	for v, n := range f.CallsByVersion {
+		callsByProtocol.WithLabelValues(key.Namespace, key.Name, strconv.Itoa(v)).Set(float64(n))
+	}
+	if n := f.Unversioned(); n > 0 || f.Calls > 0 {
+		callsByProtocol.WithLabelValues(key.Namespace, key.Name, "4").Set(float64(n))
+	}
 }
 
 // recordState sets the gauges of a policy's published state; at is when
@@ -174,6 +204,8 @@ func forgetPolicy(key types.NamespacedName) {
 		g.DeleteLabelValues(key.Namespace, key.Name)
 	}
 	stepBacksTotal.DeleteLabelValues(key.Namespace, key.Name)
+	workerProcesses.DeletePartialMatch(prometheus.Labels{"namespace": key.Namespace, "name": key.Name})
+	callsByProtocol.DeletePartialMatch(prometheus.Labels{"namespace": key.Namespace, "name": key.Name})
 	forgetConsumers(key)
 }
 

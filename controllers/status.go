@@ -77,6 +77,9 @@ func updateStatus(pol *spillwayv1alpha1.DependencyPolicy, obs *observed) {
 	if obs.Evaluated {
 		ready = readyWithSignals(ready, ev.Signal)
 		setSignalsCondition(pol, ev.Signal)
+		if ev.FleetRead {
+			setCondition(pol, workersServedCondition(ev.Fleet))
+		}
 	}
 	setCondition(pol, ready)
 	openUntil := time.Time{}

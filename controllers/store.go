@@ -33,6 +33,10 @@ type evaluation struct {
 	Err error
 	// Signal is the status of the policy's external signal (Signals).
 	Signal signalStatus
+	// Fleet is which protocol versions the dependency's workers speak, and
+	// FleetRead whether the evaluation could read it.
+	Fleet     protocol.Fleet
+	FleetRead bool
 }
 
 // Evaluations is what the Evaluator hands the PolicyReconciler: each policy's
@@ -85,7 +89,8 @@ func (s *Evaluations) remember(key types.NamespacedName, ev evaluation) bool {
 		ev.Published, ev.Window = prev.Published, prev.Window
 	}
 	s.last.Store(key, ev)
-	if evalReason(prev.Err) != evalReason(ev.Err) || prev.Generation != ev.Generation || prev.Signal.Reason != ev.Signal.Reason {
+	if evalReason(prev.Err) != evalReason(ev.Err) || prev.Generation != ev.Generation || prev.Signal.Reason != ev.Signal.Reason ||
+		ev.FleetRead && (!prev.FleetRead || prev.Fleet.Summary() != ev.Fleet.Summary()) {
 		return true
 	}
 	p, n := prev.Published, ev.Published

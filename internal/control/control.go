@@ -280,6 +280,7 @@ func Plan(in Input) Output {
 	}
 	next.Trip = tripFor(in.Params, next, r, in.Now)
 	next.Trip.Acknowledged = in.Previous.TripSeen()
+	next.Trip.AcknowledgedCount = in.Previous.TripsSeen()
 	return Output{Next: next, Transitions: transitions}
 }
 

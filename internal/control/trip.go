@@ -18,11 +18,12 @@ import (
 // evaluation (pendingTrip): from there on the breaker, the ramp, the Events
 // and the epochs are the controller's, as for an opening it decided itself.
 
-// pendingTrip reports a trip the controller has not taken over yet: a
-// TrippedAt after the last one a plan acknowledged, from a state a trip can
-// replace (the trip wrote Open over it).
+// pendingTrip reports a trip the controller has not taken over yet
+// (protocol.Published.TripPending: a TrippedAt after the last one a plan
+// acknowledged, or a trip count above the one it acknowledged), from a state
+// a trip can replace (the trip wrote Open over it).
 func pendingTrip(prev protocol.Published) (time.Time, bool) {
-	if prev.TrippedAt.IsZero() || !prev.TrippedAt.After(prev.Trip.Acknowledged) {
+	if prev.TrippedAt.IsZero() || !prev.TripPending() {
 		return time.Time{}, false
 	}
 	if prev.TrippedFrom != wire.Closed && prev.TrippedFrom != wire.Ramping {
@@ -94,6 +95,8 @@ func Trip(pub protocol.Published, window protocol.Window, now time.Time) (protoc
 	tripped.State, tripped.Limit = wire.Open, 0
 	tripped.OpenUntil = now.Add(pub.Trip.OpenDuration)
 	tripped.TrippedAt, tripped.TrippedFrom = now, pub.State
+	tripped.TripCount++
+	tripped.TrippedLimit, tripped.TrippedEpoch = pub.Limit, pub.Epoch
 	if pub.StaleAfter > 0 && !pub.UpdatedAt.IsZero() {
 		tripped.StaleAfter = now.Sub(pub.UpdatedAt) + pub.StaleAfter + pub.Trip.OpenDuration
 	}

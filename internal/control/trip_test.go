@@ -18,6 +18,8 @@ func tripAt(prev protocol.Published, at time.Time) protocol.Published {
 	tripped.State, tripped.Limit = wire.Open, 0
 	tripped.OpenUntil = at.Add(prev.Trip.OpenDuration)
 	tripped.TrippedAt, tripped.TrippedFrom = at, prev.State
+	tripped.TripCount++
+	tripped.TrippedLimit, tripped.TrippedEpoch = prev.Limit, prev.Epoch
 	return tripped
 }
 
@@ -81,7 +83,8 @@ func TestPlanTakesOverATrip(t *testing.T) {
 			at := e.now.Add(400 * time.Millisecond)
 
 			ref := Plan(Input{Params: e.params, Previous: prev, Window: failing, Now: at})
-			got := Plan(Input{Params: e.params, Previous: tripAt(prev, at), Window: failing, Now: at.Add(700 * time.Millisecond)})
+			tripped := tripAt(prev, at)
+			got := Plan(Input{Params: e.params, Previous: tripped, Window: failing, Now: at.Add(700 * time.Millisecond)})
 
 			if len(got.Transitions) != 1 {
 				t.Fatalf("transitions %+v, want one", got.Transitions)
@@ -100,11 +103,11 @@ func TestPlanTakesOverATrip(t *testing.T) {
 			if (n.RampCeiling > 0) != tt.collapsed {
 				t.Errorf("ramp ceiling %d: collapsed %v, want %v", n.RampCeiling, n.RampCeiling > 0, tt.collapsed)
 			}
-			if n.Trip.On || !n.Trip.Acknowledged.Equal(at) {
-				t.Errorf("trip %+v, want off (Open) and acknowledging %v", n.Trip, at)
+			if n.Trip.On || !n.Trip.Acknowledged.Equal(at) || n.Trip.AcknowledgedCount != tripped.TripCount {
+				t.Errorf("trip %+v, want off (Open) and acknowledging %v, trip %d", n.Trip, at, tripped.TripCount)
 			}
 			want := ref.Next
-			want.Trip.Acknowledged = at
+			want.Trip.Acknowledged, want.Trip.AcknowledgedCount = at, tripped.TripCount
 			if n != want {
 				t.Errorf("the take-over publishes\n%+v\nthe controller's own opening at the trip\n%+v", n, want)
 			}

@@ -77,9 +77,9 @@ func writeTable(w io.Writer, r Report, wide, allNamespaces bool) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	header := []string{"NAME", "STATE", "LIMIT/CAPACITY", "RAMP", "IN FLIGHT", "CALLS/s", "FAIL%", "RETRY%", "CONSUMERS", "AGE", "REASON"}
+	header := []string{"NAME", "STATE", "LIMIT/CAPACITY", "RAMP", "IN FLIGHT", "CALLS/s", "FAIL%", "RETRY%", "PROTOCOLS", "CONSUMERS", "AGE", "REASON"}
 	if wide {
-		header = append(header, "PUBLISHED", "MESSAGE")
+		header = append(header, "PUBLISHED", "WORKERS", "MESSAGE")
 	}
 	if allNamespaces {
 		header = append([]string{"NAMESPACE"}, header...)
@@ -112,12 +112,13 @@ func tableCells(row Row, now time.Time, wide bool) []string {
 		fmt.Sprintf("%d/%d", row.Limit, row.Capacity),
 		rampCell(row.Ramp),
 		inFlight, calls, fail, retry,
+		protocolsCell(row),
 		consumersCell(row.Consumers, wide),
 		Age(row.LastTransitionTime, now),
 		reasonCell(row),
 	}
 	if wide {
-		cells = append(cells, publishedCell(row, now), messageCell(row))
+		cells = append(cells, publishedCell(row, now), workersCell(row), messageCell(row))
 	}
 	return cells
 }
@@ -141,6 +142,30 @@ func redisCells(row Row) (inFlight, calls, fail, retry string) {
 		retry = strconv.FormatFloat(p, 'f', 1, 64) + "%"
 	}
 	return inFlight, calls, fail, retry
+}
+
+// protocolsCell is the protocol versions the workers spoke in the last
+// minute, newest first ("5,4"): "-" when none, "?" when Redis was not read.
+func protocolsCell(row Row) string {
+	switch {
+	case row.Redis == nil:
+		return cellUnknown
+	case len(row.Redis.Protocols) == 0:
+		return cellNone
+	}
+	vs := make([]string, len(row.Redis.Protocols))
+	for i, v := range row.Redis.Protocols {
+		vs[i] = strconv.Itoa(v)
+	}
+	return strings.Join(vs, ",")
+}
+
+// workersCell is the processes per protocol version and client.
+func workersCell(row Row) string {
+	if row.Redis == nil || row.Redis.Workers == "" {
+		return cellUnknown
+	}
+	return row.Redis.Workers
 }
 
 // rampCell is "step/steps", with the ceiling a step back left.

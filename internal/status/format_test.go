@@ -174,8 +174,8 @@ func TestWrite(t *testing.T) {
 		g.Expect(Write(&b, rep, OutputTable, true)).To(Succeed())
 		lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 		g.Expect(lines).To(HaveLen(3))
-		g.Expect(strings.Fields(lines[0])).To(Equal([]string{"NAMESPACE", "NAME", "STATE", "LIMIT/CAPACITY", "RAMP", "IN", "FLIGHT", "CALLS/s", "FAIL%", "RETRY%", "CONSUMERS", "AGE", "REASON"}))
-		g.Expect(strings.Fields(lines[1])).To(Equal([]string{"mail", "template-api", "Open", "0/40", "-", "?", "?", "?", "?", "-", "60s", "Probing"}))
+		g.Expect(strings.Fields(lines[0])).To(Equal([]string{"NAMESPACE", "NAME", "STATE", "LIMIT/CAPACITY", "RAMP", "IN", "FLIGHT", "CALLS/s", "FAIL%", "RETRY%", "PROTOCOLS", "CONSUMERS", "AGE", "REASON"}))
+		g.Expect(strings.Fields(lines[1])).To(Equal([]string{"mail", "template-api", "Open", "0/40", "-", "?", "?", "?", "?", "?", "-", "60s", "Probing"}))
 		g.Expect(lines[2]).To(Equal("Redis was unreachable, so IN FLIGHT, CALLS/s, FAIL% and RETRY% are unknown (?): Redis at 127.0.0.1:1: connection refused"))
 	})
 	t.Run("no policies", func(t *testing.T) {
@@ -205,6 +205,27 @@ func TestWrite(t *testing.T) {
 		g := NewWithT(t)
 		g.Expect(Write(&bytes.Buffer{}, rep, "xml", false)).To(MatchError(ContainSubstring(`unknown output format "xml"`)))
 	})
+}
+
+// TestProtocolCells: the workers' protocol versions, newest first, and per
+// client with -o wide.
+func TestProtocolCells(t *testing.T) {
+	g := NewWithT(t)
+	row := Row{}
+	g.Expect(protocolsCell(row)).To(Equal("?"))
+	g.Expect(workersCell(row)).To(Equal("?"))
+	row = WithRedis(row, protocol.Published{State: "Closed"}, true, 0, protocol.Window{})
+	g.Expect(protocolsCell(row)).To(Equal("?"), "not read yet")
+	row = WithFleet(row, protocol.Fleet{})
+	g.Expect(protocolsCell(row)).To(Equal("-"))
+	g.Expect(workersCell(row)).To(Equal("none"))
+	row = WithFleet(row, protocol.Fleet{
+		Processes:      map[protocol.Process]int{{Client: "go", Version: 5}: 3, {Client: "python", Version: 5}: 1},
+		Calls:          130,
+		CallsByVersion: map[int]int64{5: 10},
+	})
+	g.Expect(protocolsCell(row)).To(Equal("5,4"))
+	g.Expect(workersCell(row)).To(Equal("v5: 3 go, 1 python; v4: 120 calls/min (unregistered)"))
 }
 
 // TestParseFlags: kubectl's flags, names among them, and the checks.

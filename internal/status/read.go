@@ -161,5 +161,11 @@ func (r *Reader) withRedis(ctx context.Context, row Row) (Row, error) {
 	if err != nil {
 		return row, fmt.Errorf("failed to count the leases of %s/%s: %w", row.Namespace, row.Name, err)
 	}
-	return WithRedis(row, published, ok, inFlight, window), nil
+	row = WithRedis(row, published, ok, inFlight, window)
+	// Which protocol versions the workers speak: read only, and a failure
+	// leaves the columns empty rather than failing the row.
+	if fleet, err := pc.ReadFleet(ctx); err == nil {
+		row = WithFleet(row, fleet)
+	}
+	return row, nil
 }

@@ -14,6 +14,7 @@
 package status
 
 import (
+	"slices"
 	"strconv"
 	"time"
 
@@ -116,6 +117,13 @@ type RedisStatus struct {
 	Calls    int64 `json:"calls"`
 	Failures int64 `json:"failures"`
 	Retries  int64 `json:"retries"`
+	// Protocols are the protocol versions the dependency's workers spoke
+	// in the last minute, newest first (4: workers of version 4, which do
+	// not register, seen by their calls), and Workers says how many
+	// processes of each client (protocol.Fleet.Summary); both empty when
+	// they could not be read.
+	Protocols []int  `json:"protocols,omitempty"`
+	Workers   string `json:"workers,omitempty"`
 }
 
 // CallsPerSecond is the window's calls over its length.
@@ -271,6 +279,19 @@ func WithRedis(row Row, published protocol.Published, ok bool, inFlight int64, w
 	}
 	row.Redis = r
 	row.RedisError = ""
+	return row
+}
+
+// WithFleet adds to row which protocol versions the dependency's workers
+// speak.
+func WithFleet(row Row, f protocol.Fleet) Row {
+	if row.Redis == nil {
+		return row
+	}
+	vs := f.Versions()
+	slices.Reverse(vs)
+	row.Redis.Protocols = vs
+	row.Redis.Workers = f.Summary()
 	return row
 }
 

@@ -77,6 +77,7 @@ func (g *Guard) acquire(ctx context.Context, job Job, bounded bool) (*Permit, er
 	waitCtx, cancel := g.waitContext(ctx)
 	defer cancel()
 	start := time.Now()
+	g.reg.maybe(start)
 	var pause time.Duration
 	var waiting *Error // the refusal the caller is waiting out, if any
 	for {

@@ -64,6 +64,11 @@ var (
 	ErrRedisUnavailable = errors.New("redis unavailable")
 	// ErrNoPolicy: no DependencyPolicy is published for the dependency.
 	ErrNoPolicy = protocol.ErrNoPolicy
+	// ErrVersion: the dependency's state was published by a manager whose
+	// protocol version this library does not act on (outside the version
+	// skew docs/operations.md states); the Error's Cause is a
+	// *protocol.VersionError that names both versions and what to upgrade.
+	ErrVersion = protocol.ErrVersion
 	// ErrLeaseLost: a long call's lease expired before it could be renewed
 	// (Redis unreachable for the lease TTL, by the worker's own clock); the
 	// fleet no longer counts the call, so its context is cancelled.

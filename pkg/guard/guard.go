@@ -148,6 +148,7 @@ type Guard struct {
 
 	clock  *redisClock
 	forget *forgetter
+	reg    registrar
 	// pool and budget are batch mode's (Options.Batch); nil when it is off.
 	pool   *pool
 	budget *retryStock
@@ -193,6 +194,7 @@ func New(rdb redis.UniversalClient, dependency string, opts Options) (*Guard, er
 		forget:   newForgetter(proto, opts.RedisTimeout, m),
 	}
 	g.lastSeen = g.fallback
+	g.reg = registrar{proto: proto, timeout: max(opts.RedisTimeout, forgetTimeoutMin)}
 	if opts.FailOpenLimit > 0 {
 		g.local = make(chan struct{}, opts.FailOpenLimit)
 	}

@@ -47,7 +47,7 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 		}, append([]string{"dependency"}, labels...))
 	}
 	calls := c("calls_total", "Calls made to the dependency, by outcome (success, failure, timeout, cancelled) and attempt number.", "outcome", "attempt")
-	throttled := c("throttled_total", "Calls not made because the fleet refused them, by reason (slots, rate, open, redis_unavailable, no_policy).", "reason")
+	throttled := c("throttled_total", "Calls not made because the fleet refused them, by reason (slots, rate, open, redis_unavailable, no_policy, version).", "reason")
 	stale := c("stale_dropped_total", "Jobs dropped before any call because they were past their deadline.")
 	superseded := c("superseded_total", "Jobs dropped before any call because a newer version exists.")
 	budget := c("budget_refusals_total", "Failed calls parked because the fleet's retry budget was spent.")
@@ -122,7 +122,7 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 	}
 	for reason, name := range map[error]string{
 		ErrThrottled: "slots", ErrRateLimited: "rate", ErrOpen: "open",
-		ErrRedisUnavailable: "redis_unavailable", ErrNoPolicy: "no_policy",
+		ErrRedisUnavailable: "redis_unavailable", ErrNoPolicy: "no_policy", ErrVersion: "version",
 	} {
 		m.throttled[reason] = throttled.WithLabelValues(dep, name)
 	}

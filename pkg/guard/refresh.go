@@ -64,7 +64,8 @@ func (p *pool) run() {
 		case <-p.stop:
 			p.final()
 			return
-		case <-tickC:
+		case now := <-tickC:
+			p.g.reg.maybe(now)
 		case <-p.kick:
 		case m, ok := <-changes:
 			if !ok {

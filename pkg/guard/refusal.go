@@ -65,7 +65,11 @@ func (g *Guard) unavailable(ctx context.Context, job Job, err error) (*Permit, e
 		return nil, callerErr(ctx)
 	}
 	if errors.Is(err, protocol.ErrNoPolicy) || errors.Is(err, protocol.ErrVersion) {
-		e := &Error{Action: ActionDefer, Reason: ErrNoPolicy, After: g.jitterUp(g.opts.DeferDelay), Cause: err}
+		reason := ErrNoPolicy
+		if errors.Is(err, protocol.ErrVersion) {
+			reason = ErrVersion
+		}
+		e := &Error{Action: ActionDefer, Reason: reason, After: g.jitterUp(g.opts.DeferDelay), Cause: err}
 		g.count(e)
 		return nil, e
 	}

@@ -47,12 +47,14 @@ func NewClient(rdb redis.UniversalClient, d Dependency) (*Client, error) {
 		acquireKeys: []string{k.State, k.Leases, k.GCRA, k.Probes, k.Wants, k.Callers},
 		// Every release passes the state and probes keys: a failure or
 		// timeout may trip the breaker in the fleet's path (lib.lua trip).
-		releaseKeys: []string{k.Leases, k.Stats, k.State, k.Probes},
+		// and the calls hash counts this version's calls (lib.lua
+		// count_version).
+		releaseKeys: []string{k.Leases, k.Stats, k.State, k.Probes, k.Calls},
 		renewKeys:   []string{k.Leases},
 		budgetKeys:  []string{k.State, k.Stats},
 		windowKeys:  []string{k.State, k.Stats, k.Probes, k.Leases},
 		publishKeys: []string{k.State, k.Probes},
-		poolKeys:    []string{k.State, k.Leases, k.GCRA, k.Stats, k.Pools, k.Wants, k.Callers},
+		poolKeys:    []string{k.State, k.Leases, k.GCRA, k.Stats, k.Pools, k.Wants, k.Callers, k.Calls},
 	}, nil
 }
 
@@ -233,7 +235,7 @@ func (c *Client) Acquire(ctx context.Context, a AcquireArgs) (Admission, error) 
 	case 5:
 		return Admission{}, fmt.Errorf("%s: %w", c.dep, ErrNoPolicy)
 	case 6:
-		return Admission{}, fmt.Errorf("%s: %w", c.dep, ErrVersion)
+		return Admission{}, c.versionError(res)
 	case 7:
 		return Admission{Code: RefusedLate, Now: now}, nil
 	}
@@ -354,7 +356,7 @@ func (c *Client) retryBudget(ctx context.Context, args ...any) (BudgetDecision, 
 	case -5:
 		return BudgetDecision{}, fmt.Errorf("%s: %w", c.dep, ErrNoPolicy)
 	case -6:
-		return BudgetDecision{}, fmt.Errorf("%s: %w", c.dep, ErrVersion)
+		return BudgetDecision{}, c.versionError(res)
 	}
 	if len(res) != 6+len(args) {
 		return BudgetDecision{}, fmt.Errorf("unexpected budget reply %v", res)

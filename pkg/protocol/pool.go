@@ -219,7 +219,7 @@ func (c *Client) parsePool(res []any) (PoolReply, error) {
 	case 5:
 		return PoolReply{}, fmt.Errorf("%s: %w", c.dep, ErrNoPolicy)
 	case 6:
-		return PoolReply{}, fmt.Errorf("%s: %w", c.dep, ErrVersion)
+		return PoolReply{}, c.versionError(res)
 	case 7:
 		ms, err := intAt(res, 1)
 		if err != nil {

@@ -1,4 +1,4 @@
-// Package protocol is Spillway's Redis protocol, version 4: the keys of one
+// Package protocol is Spillway's Redis protocol, version 5: the keys of one
 // dependency, the Lua scripts that change them, and typed Go calls for each.
 // docs/protocol.md is its specification; a worker in another language can join
 // the fleet by following it.
@@ -22,12 +22,38 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Version is the protocol version. It is part of every key and stored in the
-// state hash; acquire and budget, the scripts that act on the policy, refuse
-// another version.
-const Version = 4
+// Version is the protocol version these scripts and calls speak: the
+// version of the Lua files, which every script checks against the state
+// hash's "version" (lib.lua version_refusal) and writes into the registry of
+// worker processes (register.lua).
+const Version = 5
 
-// KeyPrefix starts every key of this protocol version.
+// The version skew (docs/protocol.md §10, docs/operations.md "Upgrading"): a
+// manager at version N serves workers at N-1 and N, and workers at N work
+// under a manager at N-1. The state hash's "version" is the state version:
+// what a manager at N writes is N-1, so that workers at N-1 act on it too.
+// Workers at N act on what their neighbours' managers write: N-2 (a manager
+// one version older), N-1 (their own) and N (one version newer). Version 5
+// is the first of the scheme: a manager at 4 wrote 4, so version 5 acts on
+// state versions 4 and 5, and refuses the rest with a *VersionError.
+const (
+	// StateVersion is the state hash's "version" that Publish writes.
+	StateVersion = 4
+	// MinStateVersion and MaxStateVersion bound the state versions this
+	// version's scripts act on (lib.lua version_refusal).
+	MinStateVersion = 4
+	MaxStateVersion = 5
+)
+
+// Served reports whether a manager of this version serves workers of
+// protocol version v: one version older, its own, and one newer (which acts
+// on the state this version writes).
+func Served(v int) bool { return v >= Version-1 && v <= Version+1 }
+
+// KeyPrefix starts every key. Its "v4" names the key space, not the
+// protocol version: versions 4 and 5 share every key, which is what lets
+// their workers share one cap (docs/protocol.md §10). It changes only with a
+// version whose keys cannot be shared with its predecessor's.
 const KeyPrefix = "spillway:v4:"
 
 // Outcome is how a call ended, as reported on release.
@@ -117,6 +143,14 @@ type Keys struct {
 	// for want of a slot, pruned to the last second: each is a contender of
 	// its own in the pools' fair split.
 	Callers string
+	// Clients is a sorted set of the worker processes that registered in the
+	// last 5 minutes (register.lua): "<client> <version> <process id>",
+	// scored by the Redis time in ms of their last registration.
+	Clients string
+	// Calls is a hash of the calls made by workers of each version from 5
+	// on, per 10 s bucket ("<bucket's first second>:<version>"): what
+	// older workers make is the rest of the stats' calls (versions.lua).
+	Calls string
 	// Changes is the pub/sub channel on which the scripts announce a change
 	// of the published state ("<epoch> <state> <limit>"). It is the state
 	// key with "state" replaced by "changes" (lib.lua changes_channel).
@@ -136,6 +170,8 @@ func KeysFor(d Dependency) Keys {
 		Pools:   p + "pools",
 		Wants:   p + "wants",
 		Callers: p + "callers",
+		Clients: p + "clients",
+		Calls:   p + "calls",
 		Changes: p + "changes",
 		prefix:  p,
 	}
@@ -172,6 +208,8 @@ var (
 	supersedeScript = script("supersede")
 	forgetScript    = script("forget")
 	poolScript      = script("pool")
+	registerScript  = script("register")
+	versionsScript  = script("versions")
 	noopScript      = func() *redis.Script {
 		body, err := luaFS.ReadFile("lua/noop.lua")
 		if err != nil {
@@ -185,5 +223,47 @@ var (
 // dependency: no DependencyPolicy exists, or the controller has not run yet.
 var ErrNoPolicy = errors.New("no policy published for this dependency")
 
-// ErrVersion means the state in Redis was written by another protocol version.
-var ErrVersion = errors.New("the state in Redis has another protocol version")
+// ErrVersion means the state in Redis was published for a protocol version
+// this one does not act on; the error is a *VersionError that says which.
+var ErrVersion = errors.New("the state in Redis has a protocol version this worker does not speak")
+
+// VersionError is ErrVersion with the versions on both sides: the state's
+// (the oldest protocol version the manager that published it serves) and
+// the manager's, against this worker's.
+type VersionError struct {
+	Dependency Dependency
+	// State is the state hash's "version"; -1 when it is not a number.
+	State int
+	// Manager is the protocol version of the manager that last published;
+	// -1 when unknown (a manager of version 4, which does not say).
+	Manager int
+}
+
+// Error names both versions and what to do.
+func (e *VersionError) Error() string {
+	manager := "a manager of an unknown protocol version"
+	if e.Manager > 0 {
+		manager = fmt.Sprintf("a manager at protocol version %d", e.Manager)
+	}
+	what := "upgrade this worker's Spillway library"
+	if e.State >= 0 && e.State < MinStateVersion {
+		what = "upgrade the Spillway manager"
+	}
+	return fmt.Sprintf("%s: the state was published by %s for workers at protocol version %d or later; this worker speaks version %d, which acts on state versions %d to %d: %s (docs/operations.md, Upgrading)",
+		e.Dependency, manager, e.State, Version, MinStateVersion, MaxStateVersion, what)
+}
+
+// Unwrap makes errors.Is(err, ErrVersion) true.
+func (e *VersionError) Unwrap() error { return ErrVersion }
+
+// versionError decodes a refusal {code, state version, manager version}.
+func (c *Client) versionError(res []any) error {
+	e := &VersionError{Dependency: c.dep, State: -1, Manager: -1}
+	if v, err := intAt(res, 1); err == nil {
+		e.State = int(v)
+	}
+	if v, err := intAt(res, 2); err == nil {
+		e.Manager = int(v)
+	}
+	return e
+}

@@ -88,6 +88,21 @@ type Published struct {
 	// TrippedFrom is the state that trip replaced with Open: Closed or
 	// Ramping; read only.
 	TrippedFrom wire.State
+	// TripCount counts the trips workers of version 5 or later made
+	// (trip_count); read only. A TripCount above Trip.AcknowledgedCount is
+	// a trip the controller has not taken over yet, whatever the clocks
+	// said (a failover to a replica whose clock is behind).
+	TripCount int64
+	// TrippedLimit and TrippedEpoch are the limit the last trip replaced
+	// and the epoch it kept (version 5 and later), which end a trip that no
+	// controller takes over (docs/protocol.md §4); read only.
+	TrippedLimit int64
+	TrippedEpoch int64
+
+	// ManagerVersion is the protocol version of the manager that last
+	// published; 0 when unknown (a manager of version 4, which does not
+	// write it); read only.
+	ManagerVersion int
 
 	// UpdatedAt is when Redis stored this state (Redis time); read only.
 	UpdatedAt time.Time
@@ -115,10 +130,13 @@ type Trip struct {
 	// OpenDuration is the breaker's openDuration: a trip publishes
 	// open_until_ms = now + OpenDuration.
 	OpenDuration time.Duration
-	// Acknowledged is the last trip (TrippedAt) the plan has taken over.
-	// Publish refuses, with ErrTripped, a plan whose Acknowledged is before
-	// the TrippedAt stored.
-	Acknowledged time.Time
+	// Acknowledged is the last trip (TrippedAt) the plan has taken over,
+	// and AcknowledgedCount the trips (TripCount) it has seen. Publish
+	// refuses, with ErrTripped, a plan whose Acknowledged is before the
+	// TrippedAt stored or whose AcknowledgedCount is below the TripCount
+	// stored.
+	Acknowledged      time.Time
+	AcknowledgedCount int64
 }
 
 // TripSeen is the last trip a plan made from p has seen, and so acknowledges
@@ -129,6 +147,20 @@ func (p Published) TripSeen() time.Time {
 		return p.TrippedAt
 	}
 	return p.Trip.Acknowledged
+}
+
+// TripsSeen is the trip count a plan made from p has seen, and so
+// acknowledges (Trip.AcknowledgedCount): the larger of p's TripCount and the
+// count acknowledged before.
+func (p Published) TripsSeen() int64 {
+	return max(p.TripCount, p.Trip.AcknowledgedCount)
+}
+
+// TripPending reports whether p holds a trip that no plan has acknowledged:
+// a TrippedAt after Trip.Acknowledged, or a TripCount above
+// Trip.AcknowledgedCount.
+func (p Published) TripPending() bool {
+	return p.TrippedAt.After(p.Trip.Acknowledged) || p.TripCount > p.Trip.AcknowledgedCount
 }
 
 // RateBurst is the rate limiter's burst for a rate: a tenth of a second's
@@ -223,6 +255,7 @@ func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
 		"trip_since_ms", millis(p.Trip.Since),
 		"trip_open_ms", p.Trip.OpenDuration.Milliseconds(),
 		"trip_acked_ms", millis(p.Trip.Acknowledged),
+		"trip_acked_count", p.Trip.AcknowledgedCount,
 	}
 	res, err := publishScript.Run(ctx, c.rdb, c.publishKeys, args...).Slice()
 	if err != nil {
@@ -244,7 +277,7 @@ func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
 	case 2:
 		return time.Time{}, fmt.Errorf("%s at sequence %d, publishing a plan made at %d: %w", c.dep, v, p.Seq, ErrStaleSequence)
 	case 3:
-		return time.Time{}, fmt.Errorf("%s tripped at %d ms, publishing a plan that acknowledged %d: %w", c.dep, v, millis(p.Trip.Acknowledged), ErrTripped)
+		return time.Time{}, fmt.Errorf("%s tripped at %d ms, publishing a plan that acknowledged %d (trip %d): %w", c.dep, v, millis(p.Trip.Acknowledged), p.Trip.AcknowledgedCount, ErrTripped)
 	}
 	return time.Time{}, fmt.Errorf("unexpected publish reply %v", res)
 }
@@ -288,8 +321,15 @@ func (c *Client) parsePublished(m map[string]string) (Published, bool, error) {
 	if len(m) == 0 {
 		return Published{}, false, nil
 	}
-	if m["version"] != strconv.Itoa(Version) {
-		return Published{}, false, fmt.Errorf("%s: %w", c.dep, ErrVersion)
+	if v, err := strconv.Atoi(m["version"]); err != nil || v < MinStateVersion || v > MaxStateVersion {
+		e := &VersionError{Dependency: c.dep, State: -1, Manager: -1}
+		if err == nil {
+			e.State = v
+		}
+		if mv, err := strconv.Atoi(m["manager_version"]); err == nil && m["manager_seq"] == m["seq"] {
+			e.Manager = mv
+		}
+		return Published{}, false, e
 	}
 	num := func(f string) int64 {
 		n, _ := strconv.ParseInt(m[f], 10, 64)
@@ -329,17 +369,32 @@ func (c *Client) parsePublished(m map[string]string) (Published, bool, error) {
 		SuccessLatency:  time.Duration(num("ctrl_success_latency_us")) * time.Microsecond,
 		Seq:             num("seq"),
 		Trip: Trip{
-			On:           num("trip_on") == 1,
-			FailureRatio: ratio,
-			MinCalls:     num("trip_min_calls"),
-			Since:        fromMillis(num("trip_since_ms")),
-			OpenDuration: ms("trip_open_ms"),
-			Acknowledged: fromMillis(num("trip_acked_ms")),
+			On:                num("trip_on") == 1,
+			FailureRatio:      ratio,
+			MinCalls:          num("trip_min_calls"),
+			Since:             fromMillis(num("trip_since_ms")),
+			OpenDuration:      ms("trip_open_ms"),
+			Acknowledged:      fromMillis(num("trip_acked_ms")),
+			AcknowledgedCount: num("trip_acked_count"),
 		},
-		TrippedAt:   fromMillis(num("tripped_at_ms")),
-		TrippedFrom: wire.State(m["tripped_from"]),
-		UpdatedAt:   fromMillis(num("updated_at_ms")),
+		TrippedAt:      fromMillis(num("tripped_at_ms")),
+		TrippedFrom:    wire.State(m["tripped_from"]),
+		TripCount:      num("trip_count"),
+		TrippedLimit:   num("tripped_limit"),
+		TrippedEpoch:   num("tripped_epoch"),
+		ManagerVersion: managerVersion(m),
+		UpdatedAt:      fromMillis(num("updated_at_ms")),
 	}, true, nil
+}
+
+// managerVersion is the state hash's manager_version, 0 unless it was written
+// with the stored seq (a manager of version 4 published since, or none did).
+func managerVersion(m map[string]string) int {
+	if m["manager_seq"] != m["seq"] {
+		return 0
+	}
+	v, _ := strconv.Atoi(m["manager_version"])
+	return v
 }
 
 // Window is what workers reported over a window.

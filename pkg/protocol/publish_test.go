@@ -47,7 +47,7 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 			SuccessLatency:  1234 * time.Microsecond,
 			Trip: protocol.Trip{
 				On: true, FailureRatio: 0.07, MinCalls: 25, Since: base.Add(-31 * time.Second),
-				OpenDuration: 12500 * time.Millisecond, Acknowledged: base.Add(-time.Hour),
+				OpenDuration: 12500 * time.Millisecond, Acknowledged: base.Add(-time.Hour), AcknowledgedCount: 3,
 			},
 		}
 		at, err := c.Publish(ctx, want)
@@ -66,6 +66,7 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 		}
 		got.UpdatedAt = time.Time{}
 		want.Seq = 1 // the first publication
+		want.ManagerVersion = protocol.Version
 		checkPublished(t, got, want)
 
 		// The raw hash holds the derived fields workers read, with the units
@@ -103,8 +104,8 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 				t.Errorf("state field %s = %q, want %q", field, m[field], v)
 			}
 		}
-		if len(m) != 36 {
-			t.Errorf("state hash has %d fields, want 36: %v", len(m), m)
+		if len(m) != 39 {
+			t.Errorf("state hash has %d fields, want 39: %v", len(m), m)
 		}
 
 		// Zero times and rates survive as zero.
@@ -117,6 +118,7 @@ func TestPublishReadPublishedRoundTrip(t *testing.T) {
 		}
 		got.UpdatedAt = time.Time{}
 		zero.Seq = 2
+		zero.ManagerVersion = protocol.Version
 		checkPublished(t, got, zero)
 	})
 }

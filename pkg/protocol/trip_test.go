@@ -175,7 +175,7 @@ func TestPublishRefusesAPlanThatDidNotSeeTheTrip(t *testing.T) {
 		}
 
 		stale := tripPolicy(wire.Closed, 8, 0.5, 4, 30*time.Second, read.Trip.Since)
-		stale.Seq, stale.Trip.Acknowledged = read.Seq, read.TrippedAt
+		stale.Seq, stale.Trip.Acknowledged, stale.Trip.AcknowledgedCount = read.Seq, read.TrippedAt, read.TripsSeen()
 		if _, err := c.Publish(ctxT(t), stale); !errors.Is(err, protocol.ErrTripped) {
 			t.Fatalf("Publish of a plan made before the trip = %v, want ErrTripped", err)
 		}
@@ -186,10 +186,10 @@ func TestPublishRefusesAPlanThatDidNotSeeTheTrip(t *testing.T) {
 		// The controller plans again from the tripped state and takes it over.
 		over := tripPolicy(wire.Open, 0, 0.5, 4, 30*time.Second, read.Trip.Since)
 		over.Trip.On, over.Epoch = false, tripped.Epoch+1
-		over.Seq, over.Trip.Acknowledged = tripped.Seq, tripped.TrippedAt
+		over.Seq, over.Trip.Acknowledged, over.Trip.AcknowledgedCount = tripped.Seq, tripped.TrippedAt, tripped.TripsSeen()
 		mustPublish(t, c, over)
 		closed := tripPolicy(wire.Closed, 8, 0.5, 4, 30*time.Second, redisNow(t, rdb))
-		closed.Epoch, closed.Trip.Acknowledged = over.Epoch+1, tripped.TrippedAt
+		closed.Epoch, closed.Trip.Acknowledged, closed.Trip.AcknowledgedCount = over.Epoch+1, tripped.TrippedAt, tripped.TripsSeen()
 		mustPublish(t, c, closed)
 		if got := mustRead(t, c); got.State != wire.Closed {
 			t.Fatalf("after the take-over and a close: state %s, want Closed", got.State)
@@ -210,6 +210,40 @@ func TestPublishRefusesAPlanThatDidNotSeeTheTrip(t *testing.T) {
 		closed.Epoch++
 		if _, err := c.Publish(ctxT(t), closed); !errors.Is(err, protocol.ErrTripped) {
 			t.Errorf("Publish acknowledging only the first trip = %v, want ErrTripped", err)
+		}
+	})
+}
+
+// TestTripFenceCountsTripsNotClocks: the fence between a trip and a plan made
+// before it is a count, not a wall-clock comparison. After a failover to a
+// replica whose clock is behind the old master's, a new trip is stamped
+// earlier than the trip the last plan acknowledged; compared by time alone
+// it would look acknowledged already and a plan made before it would undo
+// it. Here the acknowledged time stands for the old master's clock, a minute
+// ahead of the trip that follows.
+func TestTripFenceCountsTripsNotClocks(t *testing.T) {
+	t.Parallel()
+	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newClient(t, rdb)
+		ahead := redisNow(t, rdb).Add(time.Minute) // what the old master's clock said
+		p := tripPolicy(wire.Closed, 8, 0.5, 4, 30*time.Second, redisNow(t, rdb).Add(-time.Minute))
+		p.Trip.Acknowledged = ahead
+		mustPublish(t, c, p)
+		read := mustRead(t, c) // the controller's read, before the trip
+		releaseN(t, c, 4, protocol.Failure)
+		tripped := mustRead(t, c)
+		if tripped.State != wire.Open || !tripped.TrippedAt.Before(ahead) || tripped.TripCount != read.TripCount+1 {
+			t.Fatalf("after 4 failures: state %s, tripped at %v (acknowledged %v), trips %d; want Open, earlier than the acknowledged time, one more trip",
+				tripped.State, tripped.TrippedAt, ahead, tripped.TripCount)
+		}
+		stale := tripPolicy(wire.Closed, 8, 0.5, 4, 30*time.Second, read.Trip.Since)
+		stale.Epoch, stale.Seq = read.Epoch, read.Seq
+		stale.Trip.Acknowledged, stale.Trip.AcknowledgedCount = read.TripSeen(), read.TripsSeen()
+		if _, err := c.Publish(ctxT(t), stale); !errors.Is(err, protocol.ErrTripped) {
+			t.Fatalf("Publish of a plan made before the trip, its acknowledged time ahead of the trip's = %v, want ErrTripped", err)
+		}
+		if got := mustRead(t, c); got.State != wire.Open {
+			t.Fatalf("after the refused publish: state %s, want the trip kept", got.State)
 		}
 	})
 }

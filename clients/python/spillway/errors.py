@@ -77,6 +77,14 @@ class NoPolicy(SpillwayError):
     reason = "no policy published for this dependency"
 
 
+class OtherVersion(NoPolicy):
+    """The dependency's state was published by a manager whose protocol
+    version this client does not act on (outside the version skew of
+    docs/operations.md); the cause, a protocol.VersionError, names both
+    versions and what to upgrade. Deferred, like NoPolicy."""
+    reason = "the state was published for a protocol version this client does not speak"
+
+
 class Cancelled(SpillwayError):
     """The call was cut short for a reason of the caller's own (raise it from
     the guarded code to say so, e.g. on shutdown): it counted nothing against

@@ -89,6 +89,9 @@ class Job:
 
 # What parsing a reply outside the protocol raises (protocol.py reads
 # replies by position and converts them with int()).
+# Names this process in the registry of worker processes (register.lua).
+_PROCESS_ID = P.new_lease_id()
+
 _BAD_REPLY = (P.ProtocolError, ValueError, TypeError, IndexError, KeyError, AttributeError, UnicodeDecodeError)
 
 
@@ -580,6 +583,8 @@ class Guard:
         self.lease_ttl = lease_ttl
         self._ttl_ms = max(int(lease_ttl * 1000), 1)
         self.redis_timeout = redis_timeout
+        self._register_at = 0.0
+        self._register_lock = threading.Lock()
         self.max_call_lifetime = max_call_lifetime
         self.wait_for_slot = wait_for_slot
         self.max_wait = max_wait
@@ -726,6 +731,7 @@ class Guard:
         if job.key and not 0 <= job.version <= P.MAX_JOB_VERSION:
             raise ValueError(f"job version must be in [0, 2^53), got {job.version}")
         start = time.monotonic()
+        self._maybe_register(start)
         stop_waiting = start + self.max_wait if self.max_wait > 0 else None
         pause = 0.0
         while True:
@@ -734,7 +740,8 @@ class Guard:
                 try:
                     permit, refusal = self._acquire_once(job, start)
                 except (P.NoPolicyError, P.VersionError) as e:
-                    refusal = E.NoPolicy(self._jitter_up(self.defer_delay), cause=e)
+                    cls = E.OtherVersion if isinstance(e, P.VersionError) else E.NoPolicy
+                    refusal = cls(self._jitter_up(self.defer_delay), cause=e)
                     self._count(refusal)
                     raise refusal from e
                 except (P.RedisUnsent, P.RedisUnread, redis.RedisError) as e:
@@ -772,6 +779,24 @@ class Guard:
             if permit is not None:
                 permit.abandon()
             raise
+
+    def _maybe_register(self, now: float) -> None:
+        """Register this process's client and protocol version
+        (docs/protocol.md §4 register) at its first acquisition and every
+        REGISTER_EVERY_S after, so that the manager and `spillway status` see
+        which versions the fleet speaks. One round trip every 15 s at most;
+        a failure is tried again a second later and never fails the call."""
+        if now < self._register_at:
+            return
+        with self._register_lock:
+            if now < self._register_at:
+                return
+            self._register_at = now + 1.0
+        try:
+            self.proto.register("python", _PROCESS_ID, timeout=self.redis_timeout)
+            self._register_at = now + P.REGISTER_EVERY_S
+        except (redis.RedisError, P.RedisUnsent, P.RedisUnread):
+            pass
 
     def _bad_reply(self, err: BaseException) -> E.BadReply:
         """A reply outside the protocol: fail closed, as for Redis unavailable."""
@@ -850,9 +875,11 @@ class Guard:
             self.metrics.superseded.inc()
             return
         for cls, reason in ((E.Throttled, "slots"), (E.RateLimited, "rate"), (E.BreakerOpen, "open"),
-                            (E.RedisUnavailable, "redis_unavailable"), (E.NoPolicy, "no_policy")):
+                            (E.RedisUnavailable, "redis_unavailable"), (E.OtherVersion, "version"),
+                            (E.NoPolicy, "no_policy")):
             if isinstance(e, cls):
                 self.metrics.throttled(reason)
+                return
 
     def _unavailable(self, job: Job, err: BaseException) -> Permit:
         """Redis did not answer: fail closed, unless the local cap admits."""

@@ -28,7 +28,7 @@ def _collectors(registry):
             name, doc, ("dependency",) + labels, namespace="spillway", subsystem="worker", registry=registry)
         cols = {
             "calls": c("calls", "Calls made to the dependency, by outcome (success, failure, timeout, cancelled) and attempt number.", "outcome", "attempt"),
-            "throttled": c("throttled", "Calls not made because the fleet refused them, by reason (slots, rate, open, redis_unavailable, no_policy).", "reason"),
+            "throttled": c("throttled", "Calls not made because the fleet refused them, by reason (slots, rate, open, redis_unavailable, no_policy, version).", "reason"),
             "stale": c("stale_dropped", "Jobs dropped before any call because they were past their deadline."),
             "superseded": c("superseded", "Jobs dropped before any call because a newer version exists."),
             "budget": c("budget_refusals", "Failed calls parked because the fleet's retry budget was spent."),
@@ -82,7 +82,7 @@ class Metrics:
         self.fail_open = cols["fail_open"].labels(d)
         self.slot_wait = cols["slot_wait"].labels(d)
         self._calls = {(o, a): cols["calls"].labels(d, name, a) for o, name in _OUTCOME_NAMES.items() for a in _ATTEMPTS}
-        self._throttled = {r: cols["throttled"].labels(d, r) for r in ("slots", "rate", "open", "redis_unavailable", "no_policy")}
+        self._throttled = {r: cols["throttled"].labels(d, r) for r in ("slots", "rate", "open", "redis_unavailable", "no_policy", "version")}
         self._unread = {r: cols["unread"].labels(d, r) for r in ("queued", "forgotten", "expired", "dropped")}
 
     def call(self, outcome: str, attempt: int) -> None:

@@ -1,4 +1,4 @@
-"""Spillway's Redis protocol, version 4, for Python (docs/protocol.md).
+"""Spillway's Redis protocol, version 5, for Python (docs/protocol.md).
 
 The keys of one dependency and typed calls for the scripts a worker runs:
 acquire, renew, release, forget, budget and supersede (and publish and
@@ -29,8 +29,15 @@ from typing import List, Optional, Sequence
 import redis
 from redis.exceptions import NoScriptError, ResponseError
 
-VERSION = 4
+VERSION = 5
+# The state versions these scripts act on (docs/protocol.md §10): what a
+# manager one version older (4 wrote 4), this version's (4) and one version
+# newer (5) write.
+MIN_STATE_VERSION, MAX_STATE_VERSION = 4, 5
+# "v4" names the key space that versions 4 and 5 share, not the version.
 KEY_PREFIX = "spillway:v4:"
+# How often a process registers its client and version (register.lua).
+REGISTER_EVERY_S = 15.0
 
 # States the controller publishes.
 CLOSED, OPEN, HALF_OPEN, RAMPING = "Closed", "Open", "HalfOpen", "Ramping"
@@ -60,7 +67,23 @@ class NoPolicyError(Exception):
 
 
 class VersionError(Exception):
-    """The state hash was written by another protocol version."""
+    """The state hash was published for a protocol version this client does
+    not act on (acquire {6, ...}, budget {-6, ...}): state_version is the
+    oldest version the publishing manager serves, manager_version that
+    manager's own (-1 when unknown). The message names both and what to
+    upgrade (docs/operations.md, Upgrading)."""
+
+    def __init__(self, dep, state_version: int = -1, manager_version: int = -1):
+        self.state_version, self.manager_version = state_version, manager_version
+        manager = (f"a manager at protocol version {manager_version}" if manager_version > 0
+                   else "a manager of an unknown protocol version")
+        what = ("upgrade the Spillway manager" if 0 <= state_version < MIN_STATE_VERSION
+                else "upgrade this worker's Spillway client")
+        super().__init__(
+            f"{dep}: the state was published by {manager} for workers at protocol version "
+            f"{state_version} or later; this worker speaks version {VERSION}, which acts on "
+            f"state versions {MIN_STATE_VERSION} to {MAX_STATE_VERSION}: {what} "
+            f"(docs/operations.md, Upgrading)")
 
 
 class RedisUnsent(Exception):
@@ -143,6 +166,16 @@ class Keys:
         return self.prefix + "callers"
 
     @property
+    def clients(self) -> str:
+        """The worker processes registered in the last 5 minutes (register.lua)."""
+        return self.prefix + "clients"
+
+    @property
+    def calls(self) -> str:
+        """Calls by protocol version (5 on) per 10 s bucket (lib.lua count_version)."""
+        return self.prefix + "calls"
+
+    @property
     def changes(self) -> str:
         """The pub/sub channel that announces changes of the published state."""
         return self.prefix + "changes"
@@ -172,7 +205,7 @@ class Script:
 
 SCRIPTS = {n: Script(n) for n in (
     "acquire", "renew", "release", "forget", "budget", "supersede",
-    "publish", "window", "read", "noop")}
+    "publish", "window", "read", "noop", "register", "versions")}
 
 
 def new_lease_id() -> str:
@@ -243,7 +276,8 @@ class Client:
         self.caller_id = new_lease_id() if caller_id is None else caller_id
         # Every release passes the state and probes keys: a failure or
         # timeout may trip the breaker in the fleet's path (lib.lua trip).
-        self._release_keys = [k.leases, k.stats, k.state, k.probes]
+        # and the calls hash counts this version's calls (count_version).
+        self._release_keys = [k.leases, k.stats, k.state, k.probes, k.calls]
 
     # -- transport ---------------------------------------------------------
 
@@ -322,7 +356,7 @@ class Client:
         if code == NO_POLICY:
             raise NoPolicyError(f"{self.dep}: no policy published for this dependency")
         if code == OTHER_VERSION:
-            raise VersionError(f"{self.dep}: the state in Redis has another protocol version ({_int(res[1])})")
+            raise _version_error(self.dep, res)
         now = _int(res[-1])
         if code == ADMITTED:
             return Admission(code, now, epoch=_int(res[1]), limit=_int(res[2]),
@@ -373,7 +407,7 @@ class Client:
         if code == -5:
             raise NoPolicyError(f"{self.dep}: no policy published for this dependency")
         if code == -6:
-            raise VersionError(f"{self.dep}: the state in Redis has another protocol version")
+            raise _version_error(self.dep, res)
         if len(res) < 6:
             raise ProtocolError(f"unexpected budget reply {res!r}")
         return BudgetDecision(code == 1, _int(res[1]), _int(res[2]), _text(res[3]) or "",
@@ -387,6 +421,14 @@ class Client:
         if ttl_ms < 1:
             raise ValueError(f"job ttl must be at least 1ms, got {ttl_ms}")
         return _int(self.run(SCRIPTS["supersede"], [self.keys.job(job_key)], [int(version), int(ttl_ms)], timeout))
+
+    def register(self, client: str, process_id: str, timeout: Optional[float] = None) -> None:
+        """Record that this process runs client (python, ...) at this protocol
+        version (register.lua): at first use of the dependency and every
+        REGISTER_EVERY_S after."""
+        if not client or not process_id or any(c.isspace() for c in client + process_id):
+            raise ValueError(f"client {client!r} and process id {process_id!r} must be non-empty, without spaces")
+        self.run(SCRIPTS["register"], [self.keys.clients], [client, process_id], timeout)
 
     def noop(self) -> None:
         """The benchmark baseline: one EVALSHA that does nothing."""
@@ -414,6 +456,12 @@ class Client:
         secs, micros = self.rdb.time()
         now_ms = secs * 1000 + micros // 1000
         return self.rdb.zcount(self.keys.leases, f"({now_ms}", "+inf")
+
+
+def _version_error(dep, res) -> VersionError:
+    state = _int(res[1]) if len(res) > 1 else -1
+    manager = _int(res[2]) if len(res) > 2 else -1
+    return VersionError(dep, state, manager)
 
 
 def redis_now_ms(rdb) -> int:

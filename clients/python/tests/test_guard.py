@@ -85,6 +85,25 @@ def test_no_policy_defers(rdb, dep, make_guard):
     with pytest.raises(spillway.NoPolicy) as e:
         g.call(lambda: None)
     assert decide(e.value).action == DEFER and e.value.after >= 1.0
+    assert not isinstance(e.value, spillway.OtherVersion)
+
+
+def test_another_version_defers_and_says_which(rdb, dep, make_guard):
+    publish(rdb, dep)
+    rdb.hset(f"spillway:v4:{{{dep}}}:state", "version", "9")
+    g = make_guard(dep)
+    with pytest.raises(spillway.OtherVersion) as e:
+        g.call(lambda: None)
+    assert decide(e.value).action == DEFER
+    assert "this worker speaks version 5" in str(e.value.__cause__ or e.value.cause)
+
+
+def test_the_guard_registers_its_process(rdb, dep, make_guard):
+    publish(rdb, dep)
+    g = make_guard(dep)
+    g.call(lambda: None)
+    members = [m.decode() if isinstance(m, bytes) else m for m in rdb.zrange(f"spillway:v4:{{{dep}}}:clients", 0, -1)]
+    assert len(members) == 1 and members[0].startswith("python 5 ")
 
 
 def test_failures_retry_with_the_published_backoff_then_park(rdb, dep, make_guard):

@@ -32,6 +32,17 @@ def test_scripts_are_composed_like_the_go_client():
 
 
 def test_the_protocol_version_is_the_scripts_version():
-    with open(os.path.join(GO_LUA, "acquire.lua")) as f:
-        assert f"st[1] ~= '{P.VERSION}'" in f.read()
-    assert P.KEY_PREFIX == f"spillway:v{P.VERSION}:"
+    # The scripts are the version: register.lua records it, lib.lua's
+    # version_refusal accepts the state versions it names.
+    with open(os.path.join(GO_LUA, "register.lua")) as f:
+        assert f"' {P.VERSION} '" in f.read()
+    with open(os.path.join(GO_LUA, "lib.lua")) as f:
+        lib = f.read()
+    accepted = " or ".join(f"v == '{v}'" for v in range(P.MIN_STATE_VERSION, P.MAX_STATE_VERSION + 1))
+    assert f"if {accepted} then return nil end" in lib
+    with open(os.path.join(GO_LUA, "..", "protocol.go")) as f:
+        go = f.read()
+    assert f"const Version = {P.VERSION}\n" in go
+    assert f"MinStateVersion = {P.MIN_STATE_VERSION}\n" in go and f"MaxStateVersion = {P.MAX_STATE_VERSION}\n" in go
+    # The key space is shared with version 4 (docs/protocol.md §10).
+    assert P.KEY_PREFIX == "spillway:v4:" and f'const KeyPrefix = "{P.KEY_PREFIX}"' in go

@@ -95,6 +95,27 @@ def test_no_policy_and_another_version(rdb, dep):
         c.acquire("l1", 1000)
     with pytest.raises(P.VersionError):
         c.budget()
+    # A manager two versions newer: the error names both versions and what to do.
+    rdb.hset(c.keys.state, mapping={"version": str(P.MAX_STATE_VERSION + 1), "seq": 3, "epoch": 1,
+                                    "manager_version": str(P.VERSION + 2), "manager_seq": 3})
+    with pytest.raises(P.VersionError) as e:
+        c.acquire("l1", 1000)
+    assert (e.value.state_version, e.value.manager_version) == (P.MAX_STATE_VERSION + 1, P.VERSION + 2)
+    assert f"manager at protocol version {P.VERSION + 2}" in str(e.value)
+    assert f"speaks version {P.VERSION}" in str(e.value) and "upgrade this worker" in str(e.value)
+    # Both state versions of the skew are acted on.
+    for v in range(P.MIN_STATE_VERSION, P.MAX_STATE_VERSION + 1):
+        rdb.hset(c.keys.state, "version", str(v))
+        assert c.acquire(f"v{v}", 1000).code == P.ADMITTED
+
+
+def test_register_records_client_and_version(rdb, dep):
+    c = client(rdb, dep)
+    c.register("python", "proc-1")
+    members = rdb.zrange(c.keys.clients, 0, -1)
+    assert members == [f"python {P.VERSION} proc-1".encode()] or members == [f"python {P.VERSION} proc-1"]
+    with pytest.raises(ValueError):
+        c.register("python", "with space")
 
 
 def test_a_late_acquisition_takes_nothing(rdb, dep):

@@ -3,7 +3,7 @@
 -- aggregated outcome report, and grant new slots and rate tokens up to what
 -- is free and fair.
 -- KEYS[1] state  KEYS[2] leases  KEYS[3] gcra  KEYS[4] stats  KEYS[5] pools
--- KEYS[6] wants  KEYS[7] callers
+-- KEYS[6] wants  KEYS[7] callers  KEYS[8] calls
 -- ARGV[1] pool id  ARGV[2] request id  ARGV[3] deadline ms (Redis time, 0
 -- for none)  ARGV[4] lease ttl ms  ARGV[5] want (slots the process could use
 -- now: in flight + waiting)  ARGV[6] rate tokens wanted  ARGV[7] token lead
@@ -13,10 +13,14 @@
 -- dn  ARGV[19..18+h] held members  ARGV[19+h..18+h+r] returned members.
 -- Returns {0, epoch, state, limit, open_until_ms, now_ms, stale 0|1, share,
 -- excess, {granted members}, {lost members}, tokens, first token due µs,
--- token interval µs, token spread µs}, {5} no policy, {6, version}, {7, now
--- ms} late: the request ran after its deadline and wrote nothing.
+-- token interval µs, token spread µs}, {5} no policy, {6, state version,
+-- manager version} (lib.lua version_refusal), {7, now ms} late: the request
+-- ran after its deadline and wrote nothing.
 -- Idempotent per request id: a resend of the pool's last request answers the
--- first run's reply and writes nothing.
+-- first run's reply and writes nothing, whatever the state is now: checked
+-- before the policy and its version, so that a resend after the policy was
+-- deleted or another version published is not answered {5} or {6}, which
+-- would have the pool send again a report that Redis already counted.
 
 -- Records the pool's want and held slots with the time, in the wants hash:
 -- '<want> <held> <now ms>'.
@@ -208,15 +212,16 @@ local function read_state()
     'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
     'stale_after_ms')
 end
-local st = read_state()
-if not st[1] then return {5} end
-if st[1] ~= '4' then return {6, tonumber(st[1]) or -1} end
-
 -- A resend (the reply of the first run was lost and the client library, or
 -- the pool, sent the same request again) answers as the first run did: its
 -- members were granted once, its report counted once.
 local rec = redis.call('HMGET', KEYS[5], id .. ':req', id .. ':reply', id .. ':next')
 if rec[1] == ARGV[2] and rec[2] then return cmsgpack.unpack(rec[2]) end
+
+local st = read_state()
+if not st[1] then return {5} end
+local refused = version_refusal(KEYS[1], st[1], 6)
+if refused then return refused end
 
 -- A request that waited (behind a slow script, in the socket of a paused
 -- server) after its caller gave up on it must take nothing: its members
@@ -293,6 +298,9 @@ for i = 1, #names do
   end
 end
 if fresh then keep_stats(KEYS[4], sec) end
+if KEYS[8] then
+  count_version(KEYS[8], sec, math.floor((tonumber(ARGV[10]) or 0) + (tonumber(ARGV[11]) or 0) + (tonumber(ARGV[12]) or 0)))
+end
 
 -- The in-path trip (lib.lua trip), once the report is counted, when it holds
 -- failures or timeouts, as release checks after each one: the aggregated

@@ -22,12 +22,17 @@ elseif seq <= stored_seq then
   return {2, stored_seq}
 end
 -- A plan that did not see the workers' last trip would undo it (lib.lua
--- unacknowledged_trip): it is refused too, with {3, tripped_at_ms}.
+-- unacknowledged_trip): it is refused too, with {3, tripped_at_ms}. Its
+-- pairs include trip_acked_ms and trip_acked_count.
 local tripped = unacknowledged_trip(KEYS[1], ARGV)
 if tripped then return {3, tripped} end
 if stored ~= epoch then redis.call('DEL', KEYS[2]) end
 local now_ms = math.floor(now_us() / 1000)
-local args = {'version', '4', 'epoch', ARGV[1], 'seq', int(seq), 'updated_at_ms', int(now_ms)}
+-- 'version' 4: workers of version 4 act on this state as well as those of
+-- version 5 (lib.lua version_refusal); 'manager_version' says the manager
+-- speaks 5, for as long as 'manager_seq' is this publication's seq.
+local args = {'version', '4', 'manager_version', '5', 'manager_seq', int(seq),
+  'epoch', ARGV[1], 'seq', int(seq), 'updated_at_ms', int(now_ms)}
 for i = 3, #ARGV do args[#args + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(args))
 local state, limit = cur[3], cur[4]

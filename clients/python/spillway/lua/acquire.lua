@@ -8,7 +8,8 @@
 -- lease member being the lease id; 1 open {1, ms until probes, now}; 2
 -- throttled {2, ms until the first lease expires, held, limit, now}; 3 rate
 -- {3, ms to wait, now}; 4 superseded {4, newest version, now}; 5 no policy
--- {5}; 6 protocol version mismatch {6, version}; 7 late {7, now}.
+-- {5}; 6 a state of a protocol version these scripts do not act on {6,
+-- state version, manager version} (lib.lua version_refusal); 7 late {7, now}.
 -- Idempotent per lease id: run again with the id of a lease it admitted (a
 -- client's resend after a lost reply), it answers admitted again and writes
 -- nothing; the epoch is then 0 if the lease was not a probe of the current
@@ -24,9 +25,14 @@ local deadline = tonumber(ARGV[3]) or 0
 
 local st = redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
   'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
-  'stale_after_ms', 'half_open_probes')
+  'stale_after_ms', 'half_open_probes', 'tripped_epoch')
 if not st[1] then return {5} end
-if st[1] ~= '4' then return {6, tonumber(st[1]) or -1} end
+local refused = version_refusal(KEYS[1], st[1], 6)
+if refused then return refused end
+-- A trip that no manager took over is probed by the workers once its
+-- open_until_ms has passed, as a manager's HalfOpen would be (lib.lua
+-- orphan_trip): the probes answer HalfOpen with the epoch.
+local orphan = orphan_trip(st[2], st[4], st[11], st[7], now_ms)
 
 -- A resend: the client sent this lease id before, Redis admitted it and the
 -- reply was lost (a connection closed after the script ran), and the client
@@ -44,11 +50,13 @@ if st[1] ~= '4' then return {6, tonumber(st[1]) or -1} end
 local own = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[1]))
 if own and own > now_ms then
   local limit, epoch, answer = math.floor(tonumber(st[3]) or 0), tonumber(st[4]), st[2]
-  if dead_man(st[2], st[8], st[9], now_ms) then
+  if not orphan and dead_man(st[2], st[8], st[9], now_ms) then
     -- the dead-man rule's admission answers Open (below): never a probe
     limit, answer = math.floor(tonumber(st[10]) or 1), 'Open'
-  elseif st[2] == 'HalfOpen' and redis.call('HEXISTS', KEYS[4], 'lease:' .. ARGV[1]) == 0 then
+  elseif (st[2] == 'HalfOpen' or orphan) and redis.call('HEXISTS', KEYS[4], 'lease:' .. ARGV[1]) == 0 then
     epoch = 0
+  elseif orphan then
+    limit, answer = math.floor(tonumber(st[10]) or 1), 'HalfOpen'
   end
   return {0, epoch, limit, answer, now_ms}
 end
@@ -62,9 +70,12 @@ end
 
 local state = st[2]
 local limit = math.floor(tonumber(st[3]) or 0)
--- The dead-man rule (lib.lua dead_man).
-local stale = dead_man(state, st[8], st[9], now_ms)
-if stale then
+-- The dead-man rule (lib.lua dead_man); an orphan trip's probes come first.
+local stale = not orphan and dead_man(state, st[8], st[9], now_ms)
+if orphan then
+  limit = math.floor(tonumber(st[10]) or 1)
+  state = 'HalfOpen'
+elseif stale then
   limit = math.floor(tonumber(st[10]) or 1)
   state = 'Stale'
 elseif state == 'Open' then
@@ -81,7 +92,8 @@ if probing then
   -- the controller has seen the failure. A new epoch clears the probes hash.
   -- Leases of earlier epochs (calls admitted before the outage that still
   -- run) do not count: they would keep the probes out until they end.
-  if (tonumber(redis.call('HGET', KEYS[4], 'admitted')) or 0) >= limit then
+  if (tonumber(redis.call('HGET', KEYS[4], 'admitted')) or 0) >= limit and
+      not (orphan and orphan_round(KEYS[1], KEYS[4], st[7], now_ms)) then
     return {2, 0, 0, limit, now_ms}
   end
 else
@@ -152,5 +164,5 @@ end
 -- is not a probe (probes.admitted did not count it), and clients pass the
 -- epoch to release, which counts probes, only for a HalfOpen answer.
 local admitted_as = st[2]
-if stale then admitted_as = 'Open' end
+if stale then admitted_as = 'Open' elseif orphan then admitted_as = 'HalfOpen' end
 return {0, tonumber(st[4]), limit, admitted_as, now_ms}

@@ -2,7 +2,9 @@
 -- KEYS[1] state  KEYS[2] stats  [ARGV[1] n: grant up to n retries at once]
 -- Returns {allowed 0|1, backoff base ms, backoff max ms, jitter, calls, granted}
 -- (with n: {allowed, …, granted, how many of the n were granted}) or {-5}
--- when no policy is published. The rule is retry.AllowsPPM:
+-- when no policy is published, {-6, state version, manager version} for a
+-- state of a version these scripts do not act on (lib.lua version_refusal).
+-- The rule is retry.AllowsPPM:
 -- granted × 1e6 < max(minRetries × 1e6, ratioPPM × calls) over the window.
 -- n asked at once get what n one-at-a-time decisions would: the grants
 -- while granted + i stays under the bound, and the rest refused.
@@ -21,7 +23,8 @@ local st = redis.call('HMGET', KEYS[1], 'version', 'budget_ratio_ppm',
   'budget_min_retries', 'budget_window_s', 'backoff_base_ms', 'backoff_max_ms',
   'jitter', 'stats_retention_s')
 if not st[1] then return {-5} end
-if st[1] ~= '4' then return {-6} end
+local refused = version_refusal(KEYS[1], st[1], -6)
+if refused then return refused end
 local now_s = math.floor(now_us() / 1000000)
 local window = math.floor(tonumber(st[4]))
 local names = {'s', 'f', 't', 'g'}

@@ -1,4 +1,4 @@
--- Shared by every Spillway script (protocol v4). Redis runs Lua 5.1, whose
+-- Shared by every Spillway script (protocol v5). Redis runs Lua 5.1, whose
 -- numbers are doubles: integers are exact below 2^53, and tostring() keeps only
 -- 14 significant digits, so every number written back to Redis goes through
 -- int(), never through implicit conversion. Top-level code here only defines
@@ -6,6 +6,45 @@
 
 local function int(n)
   return string.format('%d', n)
+end
+
+-- Version skew (docs/protocol.md §10). These scripts are protocol version 5.
+-- The state hash's 'version' is the state version: a manager at version N
+-- writes N - 1, so that its workers at N - 1 and N both act on it, and
+-- workers at N act on what the managers next to them write: N - 2 (a manager
+-- one version older), N - 1 and N (one version newer). Version 5 is the first
+-- of the scheme: a manager at 4 wrote 4, and one at 5 writes 4, so these
+-- scripts act on state versions 4 and 5 (what a manager at 6 will write),
+-- and refuse any other with {6, state version, manager version} (refusal
+-- code 6; budget answers -6): the worker then names both versions to its
+-- operator. 'manager_version' is the version of the manager that last
+-- published; it counts only while 'manager_seq' equals 'seq' (a manager at
+-- 4, which does not write it, has published since: -1, unknown).
+local function version_refusal(state_key, v, code)
+  if v == '4' or v == '5' then return nil end
+  local m = redis.call('HMGET', state_key, 'manager_version', 'manager_seq', 'seq')
+  local manager = -1
+  if m[1] and m[2] == m[3] then manager = tonumber(m[1]) or -1 end
+  return {code, tonumber(v) or -1, manager}
+end
+
+-- Counts n calls (successes, failures and timeouts) made by workers of this
+-- protocol version, per 10 s bucket, in the calls hash: field
+-- '<bucket's first second>:5'. The manager compares them with the stats of
+-- the same seconds to tell how much of the traffic older workers, which do
+-- not count themselves, still make (versions.lua). The first count in a
+-- bucket deletes this version's buckets 120 to 300 s old and keeps the key
+-- for 120 s: every bucket is gone within 300 s, and the hash holds at most
+-- 30 buckets a version.
+local function count_version(calls, now_s, n)
+  if n <= 0 then return end
+  local b = now_s - now_s % 10
+  if redis.call('HINCRBY', calls, int(b) .. ':5', n) == n then
+    local old = {}
+    for x = b - 300, b - 120, 10 do old[#old + 1] = int(x) .. ':5' end
+    redis.call('HDEL', calls, unpack(old))
+    redis.call('PEXPIRE', calls, 120000)
+  end
 end
 
 -- The pub/sub channel that announces a dependency's changes: its state key
@@ -322,18 +361,41 @@ end
 -- passed since the last one.
 --
 -- A trip writes state Open, limit 0, open_until_ms = now + trip_open_ms,
--- tripped_at_ms = now and tripped_from = the state it replaced, extends
--- stale_after_ms as the controller does for an Open it publishes (the
--- dead-man bound then runs from open_until_ms), and announces
--- '<epoch> Open 0' on the changes channel (announce_change, the format
--- publish uses). It keeps the epoch and seq: the
--- controller takes the trip over at its next evaluation and publishes the
--- next epoch, and publish refuses a plan that did not see the trip
+-- tripped_at_ms = now, tripped_from = the state it replaced, and what
+-- ends it when no manager takes it over (below): tripped_limit, the limit it
+-- replaced, tripped_epoch, the epoch it kept, and tripped_stale_ms, the
+-- dead-man bound the manager published. It adds one to trip_count, the
+-- counter publish fences with (a clock that steps back after a failover
+-- cannot make a new trip look acknowledged), extends stale_after_ms as the
+-- controller does for an Open it publishes (the dead-man bound then runs
+-- from open_until_ms), and announces '<epoch> Open 0' on the changes channel
+-- (announce_change, the format publish uses). It keeps the epoch and seq:
+-- the controller takes the trip over at its next evaluation and publishes
+-- the next epoch, and publish refuses a plan that did not see the trip
 -- (unacknowledged_trip). Returns true when it tripped.
+local function open_by_workers(state, epoch, now_ms, open_ms, updated, stale_base, kv)
+  kv[#kv + 1] = 'state'
+  kv[#kv + 1] = 'Open'
+  kv[#kv + 1] = 'limit'
+  kv[#kv + 1] = '0'
+  kv[#kv + 1] = 'open_until_ms'
+  kv[#kv + 1] = int(now_ms + open_ms)
+  kv[#kv + 1] = 'tripped_at_ms'
+  kv[#kv + 1] = int(now_ms)
+  local base, at = tonumber(stale_base) or 0, tonumber(updated)
+  if base > 0 and at then
+    kv[#kv + 1] = 'stale_after_ms'
+    kv[#kv + 1] = int(now_ms - at + base + open_ms)
+  end
+  redis.call('HSET', state, unpack(kv))
+  redis.call('HINCRBY', state, 'trip_count', 1)
+  announce_change(state, epoch or '0', 'Open', '0')
+end
+
 local function trip(state, stats, now_s, now_ms)
   local st = redis.call('HMGET', state, 'trip_on', 'state', 'epoch', 'trip_failure_ratio',
     'trip_min_calls', 'trip_since_ms', 'breaker_window_s', 'trip_open_ms',
-    'updated_at_ms', 'stale_after_ms')
+    'updated_at_ms', 'stale_after_ms', 'limit')
   if st[1] ~= '1' or (st[2] ~= 'Closed' and st[2] ~= 'Ramping') then return false end
   local ratio, min_calls = tonumber(st[4]), tonumber(st[5])
   if not ratio or not min_calls then return false end
@@ -349,32 +411,81 @@ local function trip(state, stats, now_s, now_ms)
   end
   local calls, failures = totals[1] + totals[2] + totals[3], totals[2] + totals[3]
   if calls < math.max(min_calls, 1) or not (failures >= ratio * calls) then return false end
-  local open_ms = math.floor(tonumber(st[8]) or 0)
-  local kv = {'state', 'Open', 'limit', '0', 'open_until_ms', int(now_ms + open_ms),
-    'tripped_at_ms', int(now_ms), 'tripped_from', st[2]}
-  local stale_after, updated = tonumber(st[10]) or 0, tonumber(st[9])
-  if stale_after > 0 and updated then
-    kv[#kv + 1] = 'stale_after_ms'
-    kv[#kv + 1] = int(now_ms - updated + stale_after + open_ms)
-  end
-  redis.call('HSET', state, unpack(kv))
-  announce_change(state, st[3] or '0', 'Open', '0')
+  open_by_workers(state, st[3], now_ms, math.floor(tonumber(st[8]) or 0), st[9], st[10],
+    {'tripped_from', st[2], 'tripped_limit', st[11] or '0', 'tripped_epoch', st[3] or '0',
+     'tripped_stale_ms', st[10] or '0'})
   return true
 end
 
--- The stored trip (tripped_at_ms) that a publication does not acknowledge:
--- its pair trip_acked_ms (absent: 0) is earlier. Such a plan was made from a
--- state read before the trip, and would undo it (publish a Closed the trip
--- ended); publish refuses it, and the controller plans again from the
--- tripped state. Returns tripped_at_ms, or nil when the publication may
+-- A trip that no manager took over ends by itself (docs/protocol.md §4 "A
+-- trip that ends by itself"): while the state is still the trip's Open (the
+-- epoch is tripped_epoch: a manager of any version that takes a trip over
+-- publishes the next epoch) and open_until_ms has passed, the workers probe
+-- the dependency as a manager's HalfOpen would. acquire admits
+-- half_open_probes probe calls in all, answering HalfOpen with the epoch;
+-- release counts their outcomes in the probes hash (orphan_verdict). A
+-- failure or timeout opens the breaker again for trip_open_ms; as many
+-- successes as half_open_probes put back the state and limit the trip
+-- replaced, acknowledge the trip (trip_acked_ms, trip_acked_count), and
+-- start the trip rule's window afresh (trip_since_ms). Probes admitted but
+-- never answered (their worker died) start a new round once trip_open_ms
+-- has passed since the round began (orphan_round).
+local function orphan_trip(state, epoch, tripped_epoch, open_until, now_ms)
+  return state == 'Open' and tripped_epoch and tripped_epoch == epoch and
+    now_ms >= (tonumber(open_until) or 0)
+end
+
+-- The orphan trip's probes of this round are spent: when a whole
+-- trip_open_ms has passed since the round began without a verdict, a new
+-- round begins now (the probes hash is emptied and open_until_ms moved to
+-- now). Returns true when it did.
+local function orphan_round(state, probes, open_until, now_ms)
+  local open_ms = tonumber(redis.call('HGET', state, 'trip_open_ms')) or 0
+  if now_ms < (tonumber(open_until) or 0) + open_ms then return false end
+  redis.call('DEL', probes)
+  redis.call('HSET', state, 'open_until_ms', int(now_ms))
+  return true
+end
+
+-- The verdict on an orphan trip's probe whose outcome (s, f or t) release
+-- just counted in the probes hash.
+local function orphan_verdict(state, probes, outcome, now_ms)
+  local st = redis.call('HMGET', state, 'epoch', 'tripped_from', 'tripped_limit',
+    'tripped_at_ms', 'trip_count', 'half_open_probes', 'trip_open_ms', 'updated_at_ms',
+    'tripped_stale_ms')
+  if outcome == 'f' or outcome == 't' then
+    redis.call('DEL', probes)
+    open_by_workers(state, st[1], now_ms, math.floor(tonumber(st[7]) or 0), st[8], st[9], {})
+    return
+  end
+  local ok = tonumber(redis.call('HGET', probes, 's')) or 0
+  if ok < math.max(1, math.floor(tonumber(st[6]) or 1)) then return end
+  local to, limit = st[2] or 'Closed', st[3] or '0'
+  local count = tonumber(redis.call('HGET', state, 'trip_count')) or 0
+  redis.call('DEL', probes)
+  redis.call('HSET', state, 'state', to, 'limit', limit, 'open_until_ms', '0',
+    'trip_since_ms', int(now_ms), 'trip_acked_ms', st[4] or '0', 'trip_acked_count', int(count),
+    'stale_after_ms', st[9] or '0')
+  announce_change(state, st[1] or '0', to, limit)
+end
+
+-- The stored trip that a publication does not acknowledge: trip_count is
+-- above the publication's trip_acked_count (absent: 0), or tripped_at_ms is
+-- after its trip_acked_ms (absent: 0; a trip by a worker of version 4, which
+-- does not count trips, is seen only so). Such a plan was made from a state
+-- read before the trip, and would undo it (publish a Closed the trip ended);
+-- publish refuses it, and the controller plans again from the tripped state.
+-- Returns tripped_at_ms (0 if absent), or nil when the publication may
 -- proceed.
 local function unacknowledged_trip(state, argv)
-  local tripped = tonumber(redis.call('HGET', state, 'tripped_at_ms'))
-  if not tripped then return nil end
-  local acked = 0
+  local r = redis.call('HMGET', state, 'tripped_at_ms', 'trip_count')
+  local tripped, count = tonumber(r[1]), tonumber(r[2]) or 0
+  if not tripped and count == 0 then return nil end
+  local acked, acked_count = 0, 0
   for i = 3, #argv - 1, 2 do
-    if argv[i] == 'trip_acked_ms' then acked = tonumber(argv[i + 1]) or 0 end
+    if argv[i] == 'trip_acked_ms' then acked = tonumber(argv[i + 1]) or 0
+    elseif argv[i] == 'trip_acked_count' then acked_count = tonumber(argv[i + 1]) or 0 end
   end
-  if tripped > acked then return tripped end
+  if count > acked_count or (tripped and tripped > acked) then return tripped or 0 end
   return nil
 end

@@ -1,5 +1,5 @@
 -- release: free a lease and report the call's outcome, in one round trip.
--- KEYS[1] leases  KEYS[2] stats  KEYS[3] state  KEYS[4] probes
+-- KEYS[1] leases  KEYS[2] stats  KEYS[3] state  KEYS[4] probes  KEYS[5] calls
 -- ARGV[1] member (or '' for a call admitted without a lease)  ARGV[2] outcome
 -- s|f|t|c  ARGV[3] attempt (>= 1)  [ARGV[4] the epoch that admitted the call,
 -- for a call admitted HalfOpen (0 otherwise)]  [ARGV[5] how long the call
@@ -17,16 +17,24 @@
 -- the fleet's path (lib.lua trip): the state is read only then, and for a
 -- call whose ARGV[4] names an epoch. A client of an earlier revision that
 -- passes two keys for a call that is not a probe trips nothing.
+-- A probe of a trip that no manager took over (lib.lua orphan_trip) counts
+-- as a HalfOpen probe does, and its outcome decides the trip
+-- (orphan_verdict). A counted call counts in the calls hash too (KEYS[5],
+-- lib.lua count_version), when given.
 local t = redis.call('TIME')
 local removed = 0
 if ARGV[1] ~= '' then
   removed = redis.call('ZREM', KEYS[1], ARGV[1])
   if removed == 0 then return 0 end
 end
-local probe = false
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local probe, orphan = false, false
 if KEYS[4] and ARGV[4] and ARGV[4] ~= '0' then
-  local st = redis.call('HMGET', KEYS[3], 'state', 'epoch')
-  probe = st[1] == 'HalfOpen' and st[2] == ARGV[4]
+  local st = redis.call('HMGET', KEYS[3], 'state', 'epoch', 'tripped_epoch', 'open_until_ms')
+  if st[2] == ARGV[4] then
+    orphan = orphan_trip(st[1], st[2], st[3], st[4], now_ms)
+    probe = st[1] == 'HalfOpen' or orphan
+  end
 end
 -- A cancelled call (its caller gave up, the worker shut down, the guarded code
 -- panicked, the lease was lost) says nothing about the dependency: it is not
@@ -54,8 +62,12 @@ if ARGV[2] == 's' and took and took >= 0 then
   redis.call('HINCRBY', KEYS[2], p .. 'ds', math.floor(took))
   redis.call('HINCRBY', KEYS[2], p .. 'dn', 1)
 end
-if probe then redis.call('HINCRBY', KEYS[4], ARGV[2], 1) end
+if KEYS[5] then count_version(KEYS[5], tonumber(t[1]), 1) end
+if probe then
+  redis.call('HINCRBY', KEYS[4], ARGV[2], 1)
+  if orphan then orphan_verdict(KEYS[3], KEYS[4], ARGV[2], now_ms) end
+end
 if KEYS[3] and not probe and (ARGV[2] == 'f' or ARGV[2] == 't') then
-  trip(KEYS[3], KEYS[2], tonumber(t[1]), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  trip(KEYS[3], KEYS[2], tonumber(t[1]), now_ms)
 end
 return removed
