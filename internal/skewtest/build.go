@@ -1,7 +1,8 @@
 // Package skewtest is what the version-skew tests share (test/skew, the
 // rolling upgrade under load; test/helm, the chart upgrade with workers
 // calling): the code of an older commit, taken from the repository's own
-// history and built (the pinned commit, test/skew/PINNED); the worker
+// history and built (the last commit of the previous protocol version,
+// which its pin names: PinFile); the worker
 // programs (worker/main.go, built against either tree, and worker/worker.py,
 // run on either tree's clients/python); a fake dependency that counts the
 // calls in flight across every process; and manager processes.
@@ -25,36 +26,41 @@ import (
 	"sync"
 
 	"github.com/spillway-dev/spillway/internal/testenv"
+	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
-// PinnedFile names the commit the skew tests take the old version from,
-// relative to the repository's root.
-const PinnedFile = "test/skew/PINNED"
+// PinFile is the pin of the protocol version before this tree's
+// (hack/protocolpin, which `make verify` runs), relative to the
+// repository's root: its "commit" line names the last commit that shipped
+// that version, the old version the skew tests build.
+func PinFile() string {
+	return filepath.Join("pkg", "protocol", "pins", fmt.Sprintf("v%d.sum", protocol.Version-1))
+}
 
-// Pinned is the commit PinnedFile names: its first line that is neither
-// empty nor a comment.
+// Pinned is the commit PinFile names.
 func Pinned() (string, error) {
-	path := filepath.Join(testenv.RepoRoot(), PinnedFile)
+	path := filepath.Join(testenv.RepoRoot(), PinFile())
 	f, err := os.Open(path)
 	if err != nil {
-		return "", fmt.Errorf("failed to read the pinned commit: %w", err)
+		return "", fmt.Errorf("failed to read the previous protocol version's pin: %w", err)
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
+		c, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "commit ")
+		if !ok {
 			continue
 		}
-		if len(line) != 40 || strings.Trim(line, "0123456789abcdef") != "" {
-			return "", fmt.Errorf("%s: %q is not a full commit hash", PinnedFile, line)
+		c = strings.TrimSpace(c)
+		if len(c) != 40 || strings.Trim(c, "0123456789abcdef") != "" {
+			return "", fmt.Errorf("%s: commit %q is not a full commit hash", PinFile(), c)
 		}
-		return line, nil
+		return c, nil
 	}
 	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("failed to read %s: %w", PinnedFile, err)
+		return "", fmt.Errorf("failed to read %s: %w", PinFile(), err)
 	}
-	return "", fmt.Errorf("%s names no commit", PinnedFile)
+	return "", fmt.Errorf("%s names no commit", PinFile())
 }
 
 // CacheDir is $SPILLWAY_CACHE, else ~/.cache/spillway, as in the Makefile.
@@ -83,9 +89,9 @@ func Tree(commit string) (string, error) {
 		if out, err := git(root, "rev-parse", "--is-shallow-repository"); err == nil && strings.TrimSpace(out) == "true" {
 			why = " (this clone is shallow)"
 		}
-		return "", fmt.Errorf("the pinned commit %s (%s, the last commit of protocol version 4) is not in this clone%s: "+
+		return "", fmt.Errorf("the commit %s (%s: the last commit of protocol version %d) is not in this clone%s: "+
 			"the skew tests build the old version from the repository's history; fetch it with 'git fetch --unshallow' "+
-			"(CI clones fully): %w", commit, PinnedFile, why, err)
+			"(CI clones fully): %w", commit, PinFile(), protocol.Version-1, why, err)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err

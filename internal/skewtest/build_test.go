@@ -23,7 +23,7 @@ func TestTreeOfAMissingCommitSaysWhy(t *testing.T) {
 	if err == nil {
 		t.Fatal("Tree of a commit that does not exist succeeded")
 	}
-	for _, want := range []string{"is not in this clone", "git fetch --unshallow", PinnedFile} {
+	for _, want := range []string{"is not in this clone", "git fetch --unshallow", PinFile()} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error does not say %q: %v", want, err)
 		}

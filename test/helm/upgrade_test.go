@@ -19,7 +19,7 @@ import (
 )
 
 // TestUpgradeFromThePinnedChartWithWorkersCalling upgrades a release of
-// the chart at the pinned commit (test/skew/PINNED, the last of the previous
+// the chart at the pinned commit (pkg/protocol/pins/v<N-1>.sum, the last of the previous
 // protocol version, extracted from git) to this tree's chart while workers
 // call a dependency, then rolls it back. Pods do not run on envtest, so the
 // test runs the manager process the Deployment stands for, with the

@@ -1,6 +1,6 @@
 // Package skew tests version skew between the manager and the workers: a
 // rolling upgrade from the last commit of the previous protocol version
-// (test/skew/PINNED), built from the repository's own history, to this
+// (named by its pin, pkg/protocol/pins/v<N-1>.sum), built from the repository's own history, to this
 // tree, under load, with an outage in the middle. internal/skewtest builds
 // and runs the programs of both versions.
 //
