@@ -24,11 +24,14 @@ type State struct {
 	Epoch    int64
 	Seq      int64
 	RampStep int64 // ctrl_ramp_step
-	Seen     time.Time
+	// Trip is the in-path trip's bookkeeping, for the logs: tripped_at_ms,
+	// tripped_from, and (version 5 on) trip_count and trip_acked_count.
+	Trip string
+	Seen time.Time
 }
 
 func (s State) String() string {
-	return fmt.Sprintf("%s v%s seq %d epoch %d %s/%d step %d", s.Seen.Format("15:04:05.000"), s.Version, s.Seq, s.Epoch, s.State, s.Limit, s.RampStep)
+	return fmt.Sprintf("%s v%s seq %d epoch %d %s/%d step %d (trip %s)", s.Seen.Format("15:04:05.000"), s.Version, s.Seq, s.Epoch, s.State, s.Limit, s.RampStep, s.Trip)
 }
 
 // ReadState reads the state hash of dep (namespace/name); false when there
@@ -45,6 +48,7 @@ func ReadState(ctx context.Context, rdb redis.UniversalClient, dep string) (Stat
 	return State{
 		Version: h["version"], State: h["state"], Limit: n("limit"), Epoch: n("epoch"), Seq: n("seq"),
 		RampStep: n("ctrl_ramp_step"), Seen: time.Now(),
+		Trip: fmt.Sprintf("at %s ms from %s, count %s; acknowledged at %s ms, count %s", h["tripped_at_ms"], h["tripped_from"], h["trip_count"], h["trip_acked_ms"], h["trip_acked_count"]),
 	}, true, nil
 }
 

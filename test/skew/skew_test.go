@@ -132,12 +132,12 @@ func TestRollingUpgradeUnderLoad(t *testing.T) {
 		r.rollWorker(s.Name, r.cur)
 	}
 
-	// 5. The outage, with old and new workers in the fleet; 4. during its
-	// ramp the manager is rolled back and forward again.
-	r.outage(true, r.cur)
-	// The rest of the workers roll once they saw the ramp; the last old
-	// one stays until it saw the ramp end, so that the old version sees
-	// every change.
+	// 5. An outage, with old and new workers in the fleet; 4. during its
+	// ramp the manager is rolled back.
+	r.outage(r.old)
+	// The rest of the workers roll once they saw the ramp, under the old
+	// manager; the last old one stays until it saw the ramp end, so that
+	// the old version sees every change.
 	rest := order[half:]
 	for i, s := range rest {
 		r.waitSaw(s.Name, "the ramp", func(x skewtest.Seen) bool { return kind(x) == "ramping" }, r.lastOutage())
@@ -152,26 +152,31 @@ func TestRollingUpgradeUnderLoad(t *testing.T) {
 		r.rollWorker(s.Name, r.cur)
 	}
 	r.waitState("Closed", 60*time.Second)
+	// Another outage, now of new workers under the old manager (the
+	// in-path trip is theirs); during its ramp the manager is rolled
+	// forward again.
+	r.outage(r.cur)
+	r.progress("the new fleet under the new manager, ramping")
 
 	if long {
 		// Roll the workers back and forward, outages in between, the
 		// manager switched during each ramp.
+		r.waitState("Closed", 60*time.Second)
 		for round := range 2 {
 			r.phase(fmt.Sprintf("long round %d: workers rolled back to the old version", round))
 			for _, s := range order {
 				r.rollWorker(s.Name, r.old)
 			}
-			r.outage(false, r.old) // new manager: roll it back during the ramp, and keep it there
+			r.outage(r.old) // new manager: roll it back during the ramp
 			r.waitState("Closed", 60*time.Second)
 			r.phase(fmt.Sprintf("long round %d: workers rolled forward under the old manager", round))
 			for _, s := range order {
 				r.rollWorker(s.Name, r.cur)
 			}
-			r.outage(false, r.cur) // old manager: roll it forward during the ramp
+			r.outage(r.cur) // old manager: roll it forward during the ramp
 			r.waitState("Closed", 60*time.Second)
 		}
 	}
-	r.progress("the new fleet under the new manager")
 	r.check()
 }
 
@@ -374,9 +379,8 @@ func (r *rollout) lastOutage() time.Time { return r.outages[len(r.outages)-1] }
 
 // outage fails the dependency until the fleet is Open and every worker saw
 // it, then lets it recover; the fleet probes and ramps, and during the ramp
-// the manager is rolled to b (back and forth when andBack: to the other
-// version, then to b).
-func (r *rollout) outage(andBack bool, b skewtest.Binaries) {
+// the manager is rolled to b.
+func (r *rollout) outage(b skewtest.Binaries) {
 	r.t.Helper()
 	at := time.Now()
 	r.outages = append(r.outages, at)
@@ -392,16 +396,7 @@ func (r *rollout) outage(andBack bool, b skewtest.Binaries) {
 		s := r.state()
 		return s.State == "Ramping" && s.RampStep >= 1
 	}).WithTimeout(60*time.Second).WithPolling(10*time.Millisecond).Should(BeTrue(), "the fleet ramps to its second step")
-	r.phase(fmt.Sprintf("ramping: %s", r.state()))
-	if andBack {
-		other := r.old
-		if r.leader().Version == r.old.Version {
-			other = r.cur
-		}
-		r.phase("rolling the manager to " + other.Version + " during the ramp")
-		r.rollManagers(other)
-	}
-	r.phase("rolling the manager to " + b.Version + " during the ramp")
+	r.phase(fmt.Sprintf("ramping: %s; rolling the manager to %s", r.state(), b.Version))
 	r.rollManagers(b)
 }
 
