@@ -102,6 +102,10 @@ func TestInvalidEditDuringOutageKeepsOpen(t *testing.T) {
 	g.Eventually(w.stateLimit()).Should(Equal("Closed/40"))
 	w.report(g, minCalls, protocol.Failure)
 	g.Eventually(w.stateLimit()).WithPolling(5 * time.Millisecond).Should(Equal("Open/0"))
+	// The Open under test is the manager's: wait for it to take over a trip
+	// the workers may have made (one it never takes over ends by the
+	// workers' probes, pkg/protocol TestOrphanTripEndsByItself).
+	g.Eventually(func(g Gomega) bool { return w.published(g).TripPending() }).Should(BeFalse())
 
 	pol := getPolicy(g, ns, "legacy")
 	patch := client.MergeFrom(pol.DeepCopy())

@@ -56,6 +56,10 @@ type redisOptions struct {
 	// sentinels themselves, which may have credentials of their own.
 	sentinelUsername     string
 	sentinelPasswordFile string
+
+	// allowEviction lets the manager start on a Redis that evicts keys
+	// (--redis-allow-eviction).
+	allowEviction bool
 }
 
 func main() {
@@ -109,6 +113,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.redis.tlsCAFile, "redis-tls-ca-file", "",
 		"PEM file of the CA that signed Redis's certificate; the system roots when empty. Implies --redis-tls.")
 	fs.BoolVar(&o.redis.cluster, "redis-cluster", false, "Redis is a Redis Cluster; --redis-addr lists seed nodes.")
+	fs.BoolVar(&o.redis.allowEviction, "redis-allow-eviction", false,
+		"Start even when Redis evicts keys (a maxmemory-policy other than noeviction, on any master), which the manager refuses by default: leases and the published state may then disappear under memory pressure. Sets the spillway_redis_evicting gauge to 1.")
 	fs.StringVar(&o.redis.sentinelMaster, "redis-sentinel-master", "",
 		"Redis is managed by Sentinel, which monitors its master under this name; set --redis-sentinel-addr instead of --redis-addr.")
 	fs.StringVar(&sentinelAddr, "redis-sentinel-addr", "",

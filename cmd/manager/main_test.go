@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/redistest"
@@ -278,5 +280,36 @@ func TestRedisSentinelPassword(t *testing.T) {
 	if _, err := newRedisClient(redisOptions{sentinelMaster: "m", sentinelAddrs: []string{"127.0.0.1:1"},
 		sentinelPasswordFile: filepath.Join(t.TempDir(), "missing")}); err == nil {
 		t.Error("a missing sentinel password file was accepted")
+	}
+}
+
+// The manager refuses to start on a Redis that evicts keys, unless
+// --redis-allow-eviction is set: then it starts, and the
+// spillway_redis_evicting gauge says 1.
+func TestManagerRefusesARedisThatEvictsKeys(t *testing.T) {
+	evicting := redistest.Start(t, redistest.WithArgs("--maxmemory-policy", "allkeys-lru"))
+	reg := prometheus.NewRegistry()
+	rdb, err := newRedisClient(redisOptions{addrs: []string{evicting.Addr()}, timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	err = checkRedisEviction(t.Context(), rdb, redisOptions{timeout: time.Second}, reg)
+	if err == nil || !strings.Contains(err.Error(), "allkeys-lru") || !strings.Contains(err.Error(), "--redis-allow-eviction") {
+		t.Fatalf("checkRedisEviction = %v, want a refusal naming the policy and the flag", err)
+	}
+	if err := checkRedisEviction(t.Context(), rdb, redisOptions{timeout: time.Second, allowEviction: true}, reg); err != nil {
+		t.Fatalf("checkRedisEviction with --redis-allow-eviction = %v", err)
+	}
+	if v := testutil.ToFloat64(evictingGauge); v != 1 {
+		t.Errorf("spillway_redis_evicting = %v, want 1", v)
+	}
+
+	keeping := redistest.Start(t).Client()
+	if err := checkRedisEviction(t.Context(), keeping, redisOptions{timeout: time.Second}, prometheus.NewRegistry()); err != nil {
+		t.Fatalf("checkRedisEviction = %v on a Redis that keeps every key", err)
+	}
+	if v := testutil.ToFloat64(evictingGauge); v != 0 {
+		t.Errorf("spillway_redis_evicting = %v, want 0", v)
 	}
 }

@@ -4,7 +4,8 @@
 // [Start] starts prometheus on 127.0.0.1 on a free port, with a temporary
 // configuration that scrapes the given targets every second (rules are
 // evaluated every second too) and a temporary TSDB, and stops it when the
-// test ends. [NewDependency] is a target: an HTTP server on loopback that
+// test ends; [StartScraping] takes the scrape configuration itself.
+// [NewDependency] is a target: an HTTP server on loopback that
 // exposes a dependency's request and error counters, in the metric names
 // RequestsMetric and ErrorsMetric, with the official Go client.
 //
@@ -58,7 +59,29 @@ type Server struct {
 // the test output.
 func Start(tb testing.TB, targets ...string) *Server {
 	tb.Helper()
-	s, err := StartServer(targets...)
+	return startTB(tb, config(targets))
+}
+
+// StartServer is Start for callers without a testing.TB: they must call
+// Close.
+func StartServer(targets ...string) (*Server, error) {
+	return startServer(config(targets))
+}
+
+// StartScraping is Start with the scrape configs given: scrapeConfigs is
+// the YAML list under scrape_configs (each item "- job_name: ..."), scraped
+// and evaluated every ScrapeInterval unless an item says otherwise. Tests
+// use it to scrape as another tool configures Prometheus (the Prometheus
+// Operator's relabelling, test/monitoring).
+func StartScraping(tb testing.TB, scrapeConfigs string) *Server {
+	tb.Helper()
+	return startTB(tb, globalConfig()+"scrape_configs:\n"+scrapeConfigs)
+}
+
+// startTB starts a server with the configuration cfg for tb.
+func startTB(tb testing.TB, cfg string) *Server {
+	tb.Helper()
+	s, err := startServer(cfg)
 	if err != nil {
 		tb.Fatalf("promtest: %v", err)
 	}
@@ -73,9 +96,7 @@ func Start(tb testing.TB, targets ...string) *Server {
 	return s
 }
 
-// StartServer is Start for callers without a testing.TB: they must call
-// Close.
-func StartServer(targets ...string) (*Server, error) {
+func startServer(cfg string) (*Server, error) {
 	bin, err := lookupBinary()
 	if err != nil {
 		return nil, err
@@ -85,7 +106,7 @@ func StartServer(targets ...string) (*Server, error) {
 		return nil, fmt.Errorf("create temp dir: %w", err)
 	}
 	s := &Server{dir: dir, logPath: filepath.Join(dir, "prometheus.log")}
-	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config(targets)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("write prometheus config: %w", err)
 	}
@@ -106,7 +127,7 @@ func StartServer(targets ...string) (*Server, error) {
 // "dependency", scraped every ScrapeInterval.
 func config(targets []string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "global:\n  scrape_interval: %s\n  scrape_timeout: %s\n  evaluation_interval: %s\n", ScrapeInterval, ScrapeInterval, ScrapeInterval)
+	b.WriteString(globalConfig())
 	b.WriteString("scrape_configs:\n- job_name: dependency\n  static_configs:\n  - targets: [")
 	for i, t := range targets {
 		if i > 0 {
@@ -116,6 +137,12 @@ func config(targets []string) string {
 	}
 	b.WriteString("]\n")
 	return b.String()
+}
+
+// globalConfig is the configuration's global section: scrapes and rule
+// evaluations every ScrapeInterval.
+func globalConfig() string {
+	return fmt.Sprintf("global:\n  scrape_interval: %s\n  scrape_timeout: %s\n  evaluation_interval: %s\n", ScrapeInterval, ScrapeInterval, ScrapeInterval)
 }
 
 // URL is the server's base URL, http://127.0.0.1:port.

@@ -176,3 +176,74 @@ func (sb StepBack) ProofCalls() int64 {
 func (s Schedule) Settle() time.Duration {
 	return min(s.StepDuration/4, MaxSettle)
 }
+
+// StepBack moves down from a limit that fails: to the step below it; from the
+// first step, to the highest power of two below it; below the first step, to
+// half the limit. The limits below the first step are the powers of two the
+// climb back doubles through, so a step back returns to the limit the ramp
+// came from. The limit that failed
+// becomes the ceiling, and the hold before it is tried again doubles (Hold).
+// The new step starts at clk.Now() and is Settling. It reports false, and
+// changes nothing, at a limit of 1 or less: there is nothing below to step
+// back to, and the breaker decides.
+func (r *Ramp) StepBack() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	failed := r.limit()
+	if failed <= 1 {
+		return false
+	}
+	switch {
+	case r.below > 0:
+		r.below = max(1, r.below/2)
+	case r.step > 0:
+		r.step--
+	default:
+		r.below = powerOfTwoBelow(failed)
+	}
+	r.ceiling = failed
+	r.backoffs = min(r.backoffs+1, MaxBackoffs)
+	r.started = r.clk.Now()
+	r.settling = true
+	return true
+}
+
+// Collapse remembers the limit at which the dependency fell over, when the
+// breaker opens during a step or right after the last one: that limit
+// becomes the ceiling, exactly as a step back's (the hold before it doubles,
+// up to MaxBackoffs), and the ramp goes back to where it will start again
+// once the breaker closes: its first step, or, when the ceiling is at or
+// below the first step, the highest power of two below the ceiling. A ramp
+// that had stepped back and was still settling fell over because of the
+// ceiling it stepped back from: that ceiling stays. A collapse at a limit
+// of 1 remembers nothing (there is nothing below it) and is Restart.
+// The new step starts at clk.Now(); Rewind restarts it when the breaker
+// closes.
+func (r *Ramp) Collapse() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	failed := r.limit()
+	if r.settling && r.ceiling > failed {
+		failed = r.ceiling
+	}
+	if len(r.steps) == 0 || failed <= 1 {
+		r.restart()
+		return
+	}
+	backoffs := min(r.backoffs+1, MaxBackoffs)
+	r.restart()
+	r.ceiling, r.backoffs = failed, backoffs
+	if failed <= r.steps[0] {
+		r.below = powerOfTwoBelow(failed)
+	}
+}
+
+// powerOfTwoBelow is the highest power of two below n (n >= 2): the limit
+// below the first step that a step back or a collapse at n goes to.
+func powerOfTwoBelow(n int64) int64 {
+	p := int64(1)
+	for p*2 < n {
+		p *= 2
+	}
+	return p
+}

@@ -65,7 +65,10 @@ func ParseFlags(prog string, args []string, stderr io.Writer) (Flags, error) {
 	f.Redis.BindFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: %s [NAME...] [flags]\n\n", prog)
-		fmt.Fprintln(fs.Output(), "One line per DependencyPolicy, from the cluster and from Redis. Flags:")
+		fmt.Fprintln(fs.Output(), "One line per DependencyPolicy, from the cluster and from Redis. It only reads:")
+		fmt.Fprintln(fs.Output(), "from Redis the state (a read-only script: HGETALL, TIME), the breaker window's")
+		fmt.Fprintln(fs.Output(), "counters (HMGET) and the live leases (ZCOUNT); a Redis user allowed only to read")
+		fmt.Fprintln(fs.Output(), "(+@read +@connection +time +eval +evalsha) is enough. Flags:")
 		fs.PrintDefaults()
 	}
 	for {

@@ -145,10 +145,11 @@ func redisCells(row Row) (inFlight, calls, fail, retry string) {
 }
 
 // protocolsCell is the protocol versions the workers spoke in the last
-// minute, newest first ("5,4"): "-" when none, "?" when Redis was not read.
+// minute, newest first ("5,4"): "-" when none, "?" when they could not be
+// read.
 func protocolsCell(row Row) string {
 	switch {
-	case row.Redis == nil:
+	case row.Redis == nil || row.Redis.Workers == "":
 		return cellUnknown
 	case len(row.Redis.Protocols) == 0:
 		return cellNone

@@ -86,8 +86,8 @@ func TestTableCells(t *testing.T) {
 		pol:       testPolicy(spillwayv1alpha1.StateClosed, 40, 3, 0, 90*time.Minute, readyTrue("Published state Closed with limit 40 (epoch 2)"), soConsumer),
 		as:        Autoscalers{ScaledObjects: map[string]*kedav1alpha1.ScaledObject{"render": so("render", 20, owned)}},
 		published: published(wire.Closed, 40), inFlight: 17, window: window,
-		want:     []string{"template-api", "Closed", "40/40", "-", "17", "10.0", "10.0%", "20.0%", "max 20", "90m", "-"},
-		wantWide: []string{"Closed 40 epoch 3, 1s ago", "-"},
+		want:     []string{"template-api", "Closed", "40/40", "-", "17", "10.0", "10.0%", "20.0%", "?", "max 20", "90m", "-"},
+		wantWide: []string{"Closed 40 epoch 3, 1s ago", "?", "-"},
 	}, {
 		name: "Open, pinned consumer, Ready's reason",
 		pol: with(testPolicy(spillwayv1alpha1.StateOpen, 0, 0, 0, 2*time.Minute, readyTrue("Published state Open with limit 0 (epoch 3)"), soConsumer),
@@ -95,16 +95,16 @@ func TestTableCells(t *testing.T) {
 			cond(controllers.ConditionRamping, controllers.ReasonAwaitingRecovery, "The ramp starts from its first step when the breaker closes")),
 		as:        Autoscalers{ScaledObjects: map[string]*kedav1alpha1.ScaledObject{"render": so("render", 20, pinned)}},
 		published: published(wire.Open, 0),
-		want:      []string{"template-api", "Open", "0/40", "-", "0", "0.0", "-", "-", "max 20 min 6", "2m", "FailureRatioExceeded"},
-		wantWide:  []string{"Open 0 epoch 3, 1s ago", "The breaker is open"},
+		want:      []string{"template-api", "Open", "0/40", "-", "0", "0.0", "-", "-", "?", "max 20 min 6", "2m", "FailureRatioExceeded"},
+		wantWide:  []string{"Open 0 epoch 3, 1s ago", "?", "The breaker is open"},
 	}, {
 		name: "Ramping with a ceiling",
 		pol: with(testPolicy(spillwayv1alpha1.StateRamping, 10, 1, 20, 30*time.Second, readyTrue("Published state Ramping with limit 10 (epoch 4)")),
 			cond(controllers.ConditionBreakerOpen, controllers.ReasonBreakerClosed, "The breaker is closed"),
 			cond(controllers.ConditionRamping, controllers.ReasonSteppedBack, "Stepped back: limit 10, below limit 20")),
 		published: published(wire.Ramping, 10), inFlight: 9, window: protocol.Window{Calls: 60, ByAttempt: [4]int64{60}},
-		want:     []string{"template-api", "Ramping", "10/40", "2/4 ceiling 20", "9", "2.0", "0.0%", "0.0%", "-", "30s", "SteppedBack"},
-		wantWide: []string{"Ramping 10 epoch 3, 1s ago", "Stepped back: limit 10, below limit 20"},
+		want:     []string{"template-api", "Ramping", "10/40", "2/4 ceiling 20", "9", "2.0", "0.0%", "0.0%", "?", "-", "30s", "SteppedBack"},
+		wantWide: []string{"Ramping 10 epoch 3, 1s ago", "?", "Stepped back: limit 10, below limit 20"},
 	}, {
 		name: "unbound consumers: not found, another policy's, kind not served; Ready False",
 		pol: testPolicy(spillwayv1alpha1.StateClosed, 40, 3, 0, time.Hour,
@@ -115,8 +115,8 @@ func TestTableCells(t *testing.T) {
 			HPAsErr:       errors.New("forbidden"),
 		},
 		published: published(wire.Closed, 40),
-		want:      []string{"template-api", "Closed", "40/40", "-", "0", "0.0", "-", "-", "unbound, unbound, unbound", "60m", "ScaledObjectNotFound"},
-		wantWide:  []string{"Closed 40 epoch 3, 1s ago", "but 1 of 3 consumers not bounded"},
+		want:      []string{"template-api", "Closed", "40/40", "-", "0", "0.0", "-", "-", "?", "unbound, unbound, unbound", "60m", "ScaledObjectNotFound"},
+		wantWide:  []string{"Closed 40 epoch 3, 1s ago", "?", "but 1 of 3 consumers not bounded"},
 	}, {
 		name: "Redis unreachable: the cluster's columns, ? for Redis's",
 		pol: with(testPolicy(spillwayv1alpha1.StateRamping, 5, 0, 0, 10*time.Second, readyTrue("x"), hpaConsumer),
@@ -125,8 +125,8 @@ func TestTableCells(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Name: "render-hpa", Annotations: pinned},
 			Spec:       autoscalingv2.HorizontalPodAutoscalerSpec{MaxReplicas: 8},
 		}}},
-		want:     []string{"template-api", "Ramping", "5/40", "1/4", "?", "?", "?", "?", "max 8 min 6", "10s", "RampInProgress"},
-		wantWide: []string{"?", "Ramp step 1 of 4: limit 5"},
+		want:     []string{"template-api", "Ramping", "5/40", "1/4", "?", "?", "?", "?", "?", "max 8 min 6", "10s", "RampInProgress"},
+		wantWide: []string{"?", "?", "Ramp step 1 of 4: limit 5"},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -143,7 +143,7 @@ func (r *Reader) withRedis(ctx context.Context, row Row) (Row, error) {
 	if err != nil {
 		return row, err
 	}
-	published, ok, err := pc.ReadPublished(ctx)
+	published, ok, redisNow, err := pc.ReadPublishedAt(ctx)
 	if err != nil {
 		return row, err
 	}
@@ -151,8 +151,10 @@ func (r *Reader) withRedis(ctx context.Context, row Row) (Row, error) {
 		return WithRedis(row, published, false, 0, protocol.Window{}), nil
 	}
 	// The breaker window, as the controller counts it (the controller
-	// itself may count from a later start, after a transition).
-	window, _, redisNow, err := pc.ReadWindow(ctx, published.BreakerWindow, time.Time{})
+	// itself may count from a later start, after a transition), read with
+	// plain HMGETs: the controller's window script would also write its
+	// cached totals, prune and sweep leases, and status writes nothing.
+	window, err := pc.PeekWindow(ctx, published.BreakerWindow, redisNow)
 	if err != nil {
 		return row, err
 	}

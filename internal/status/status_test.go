@@ -16,6 +16,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -27,6 +28,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/replay"
 	"github.com/spillway-dev/spillway/internal/testenv"
 	"github.com/spillway-dev/spillway/pkg/guard"
+	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
 // These tests run the real controller (internal/replay's control plane:
@@ -163,8 +165,8 @@ func TestClosedOpenRamping(t *testing.T) {
 		closedOut = out
 		g.Expect(out).To(HavePrefix("NAME "))
 		cells := line(g, out, "template-api")
-		g.Expect(cells[:9]).To(Equal([]string{"template-api", "Closed", "8/8", "-", "1", "0.4", "0.0%", "25.0%", "max 4"}))
-		g.Expect(cells[10]).To(Equal("-"))
+		g.Expect(cells[:10]).To(Equal([]string{"template-api", "Closed", "8/8", "-", "1", "0.4", "0.0%", "25.0%", "5", "max 4"}))
+		g.Expect(cells[11]).To(Equal("-"))
 	}).WithTimeout(5 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
 	t.Logf("Closed:\n%s", closedOut)
 	g.Expect(held.Done(nil)).To(Succeed())
@@ -181,10 +183,10 @@ func TestClosedOpenRamping(t *testing.T) {
 		openOut = out
 		cells := line(g, out, "template-api")
 		g.Expect(cells[1:3]).To(Equal([]string{"Open", "0/8"}))
-		g.Expect(cells[8]).To(Equal("so/render-workers max 4 min 3"))
-		g.Expect(cells[10]).To(Equal(controllers.ReasonFailureRatioExceeded))
-		g.Expect(cells[11]).To(HavePrefix("Open 0 epoch "))
-		g.Expect(cells[12]).To(HavePrefix("The breaker is open: workers make no calls until "))
+		g.Expect(cells[9]).To(Equal("so/render-workers max 4 min 3"))
+		g.Expect(cells[11]).To(Equal(controllers.ReasonFailureRatioExceeded))
+		g.Expect(cells[12]).To(HavePrefix("Open 0 epoch "))
+		g.Expect(cells[14]).To(HavePrefix("The breaker is open: workers make no calls until "))
 	}).WithTimeout(20 * time.Second).WithPolling(200 * time.Millisecond).Should(Succeed())
 	t.Logf("Open:\n%s", openOut)
 
@@ -212,19 +214,19 @@ func TestClosedOpenRamping(t *testing.T) {
 	t.Logf("Ramping:\n%s", out)
 	cells := line(g, out, "template-api")
 	g.Expect(cells[1:4]).To(Equal([]string{"Ramping", "2/8", "1/3"}))
-	g.Expect(cells[10]).To(Equal(controllers.ReasonRampInProgress))
-	g.Expect(cells[12]).To(Equal("Ramp step 1 of 3: limit 2"))
+	g.Expect(cells[11]).To(Equal(controllers.ReasonRampInProgress))
+	g.Expect(cells[14]).To(Equal("Ramp step 1 of 3: limit 2"))
 
 	// Redis unreachable: the cluster's columns, and a note; exit 0.
 	code, out, stderr = run(ctx, "-n", "mail", "--redis-addr", closedPort(t))
 	g.Expect(code).To(Equal(ExitOK), stderr)
 	t.Logf("Redis unreachable:\n%s", out)
 	cells = line(g, out, "template-api")
-	g.Expect(cells).To(HaveLen(11))
+	g.Expect(cells).To(HaveLen(12))
 	g.Expect(cells[1:4]).To(Equal([]string{"Ramping", "2/8", "1/3"}))
 	g.Expect(cells[4:8]).To(Equal([]string{"?", "?", "?", "?"}))
-	g.Expect(cells[8]).To(Equal("max 4 min 3"))
-	g.Expect(cells[10]).To(Equal(controllers.ReasonRampInProgress))
+	g.Expect(cells[9]).To(Equal("max 4 min 3"))
+	g.Expect(cells[11]).To(Equal(controllers.ReasonRampInProgress))
 	g.Expect(stderr).To(BeEmpty())
 	g.Expect(out).To(ContainSubstring("Redis was unreachable, so IN FLIGHT, CALLS/s, FAIL% and RETRY% are unknown (?): Redis at 127.0.0.1:"))
 	g.Expect(out).To(ContainSubstring("connection refused"))
@@ -250,14 +252,14 @@ func TestUnboundConsumer(t *testing.T) {
 		g.Expect(out).To(HavePrefix("NAMESPACE "))
 		cells := line(g, out, "vehicle-api")
 		g.Expect(cells[:5]).To(Equal([]string{"fleet", "vehicle-api", "Closed", "10/10", "-"}))
-		g.Expect(cells[9]).To(Equal("hpa/enrich not found"))
-		g.Expect(cells[11]).To(Equal(controllers.ReasonHorizontalPodAutoscalerNotFound))
-		g.Expect(cells[13]).To(ContainSubstring("consumers not bounded"))
+		g.Expect(cells[10]).To(Equal("hpa/enrich not found"))
+		g.Expect(cells[12]).To(Equal(controllers.ReasonHorizontalPodAutoscalerNotFound))
+		g.Expect(cells[15]).To(ContainSubstring("consumers not bounded"))
 	}).WithTimeout(20 * time.Second).WithPolling(200 * time.Millisecond).Should(Succeed())
 	code, out, stderr := run(ctx, "-A")
 	g.Expect(code).To(Equal(ExitOK), stderr)
 	t.Logf("-A:\n%s", out)
-	g.Expect(line(g, out, "vehicle-api")[9]).To(Equal("unbound"))
+	g.Expect(line(g, out, "vehicle-api")[10]).To(Equal("unbound"))
 }
 
 // TestWatch prints the status again until the context ends, and exits 0:
@@ -413,4 +415,55 @@ func TestRedisNotAnswering(t *testing.T) {
 		// b and c were not asked: their error is a's.
 		g.Expect(it.RedisError).To(ContainSubstring("paused/a"))
 	}
+}
+
+// TestReadOnlyRedisUser: status writes nothing to Redis. Run as a Redis user
+// that may only read (ACL: the read commands, the connection's, TIME, and
+// EVAL/EVALSHA, whose commands Redis checks against the same rules), it
+// shows a policy's calls from Redis. The controller's window script, which
+// caches totals, prunes and sweeps leases, would be refused.
+func TestReadOnlyRedisUser(t *testing.T) {
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g.Expect(cp.Env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "readonly"}})).To(Succeed())
+	g.Expect(cp.Env.Client.Create(ctx, &spillwayv1alpha1.DependencyPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "readonly", Name: "ledger"},
+		Spec:       spillwayv1alpha1.DependencyPolicySpec{Capacity: spillwayv1alpha1.Capacity{Concurrency: 4}},
+	})).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		_, out, _ := run(ctx, "-n", "readonly")
+		g.Expect(line(g, out, "ledger")[1]).To(Equal("Closed"))
+	}).WithTimeout(20 * time.Second).WithPolling(200 * time.Millisecond).Should(Succeed())
+
+	admin := cp.Redis.Client()
+	defer admin.Close()
+	g.Expect(admin.Do(ctx, "ACL", "SETUSER", "status-reader", "reset", "on", ">reader-secret", "~*", "resetchannels",
+		"+@read", "+@connection", "+time", "+eval", "+evalsha").Err()).To(Succeed())
+	defer admin.Do(context.Background(), "ACL", "DELUSER", "status-reader")
+	// The user is refused a write, also from a script (Redis 7.0 says
+	// "can't run this command", later versions NOPERM).
+	reader := cp.Redis.Client(func(o *redis.Options) { o.Username, o.Password = "status-reader", "reader-secret" })
+	defer reader.Close()
+	refused := Or(ContainSubstring("NOPERM"), ContainSubstring("can't run this command"))
+	g.Expect(reader.HSet(ctx, "status-test", "f", "1").Err()).To(MatchError(refused))
+	g.Expect(reader.Eval(ctx, "return redis.call('HSET', KEYS[1], 'f', '1')", []string{"status-test"}).Err()).To(MatchError(refused))
+	pc, err := protocol.NewClient(admin, protocol.Dependency{Namespace: "readonly", Name: "ledger"})
+	g.Expect(err).NotTo(HaveOccurred())
+	for range 5 {
+		_, err := pc.Release(ctx, "", 0, protocol.Success, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+
+	password := filepath.Join(t.TempDir(), "password")
+	g.Expect(os.WriteFile(password, []byte("reader-secret\n"), 0o600)).To(Succeed())
+	code, out, stderr := run(ctx, "-n", "readonly", "-o", "json", "--redis-username", "status-reader", "--redis-password-file", password)
+	g.Expect(code).To(Equal(ExitOK), stderr)
+	var rep Report
+	g.Expect(json.Unmarshal([]byte(out), &rep)).To(Succeed(), out)
+	g.Expect(rep.RedisUnreachable).To(BeEmpty())
+	g.Expect(rep.Items).To(HaveLen(1))
+	g.Expect(rep.Items[0].RedisError).To(BeEmpty())
+	g.Expect(rep.Items[0].Redis).NotTo(BeNil())
+	g.Expect(rep.Items[0].Redis.Calls).To(BeNumerically(">=", 5))
 }

@@ -74,6 +74,14 @@ func (g *Guard) acquire(ctx context.Context, job Job, bounded bool) (*Permit, er
 		JobTTL:     g.opts.JobTTL,
 		CallerID:   g.caller,
 	}
+	if g.pool != nil && job.Key != "" && g.pool.contends() {
+		// The process already contends in the fair split by its pool id:
+		// its keyed calls, refused for want of a slot, count with the
+		// anonymous per-call callers (one contender for the whole fleet),
+		// not as a second contender of its own. pool.lua would need to
+		// know the two ids for one process to count it once.
+		args.CallerID = ""
+	}
 	waitCtx, cancel := g.waitContext(ctx)
 	defer cancel()
 	start := time.Now()

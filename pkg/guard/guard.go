@@ -124,6 +124,16 @@ type Options struct {
 	// Clock is the clock a job's deadline is compared with. Default
 	// clock.System.
 	Clock clock.Clock
+	// AllowEviction lets the guard start on a Redis configured to evict
+	// keys (a maxmemory-policy other than noeviction), which New refuses by
+	// default: under memory pressure such a Redis may drop leases, the
+	// published state or a job's version, and the fleet would then run more
+	// calls than its limit. With it, the guard starts and the gauge
+	// spillway_worker_redis_evicting says 1; alert on it. New reads the
+	// policy with INFO memory (which works where CONFIG is disabled) on
+	// every master the client writes to; when Redis does not answer, New
+	// does not wait for it and the guard starts unchecked.
+	AllowEviction bool
 	// Batch turns on batch mode, for high call rates: slots, rate tokens
 	// and retries are leased from the fleet in batches and outcomes
 	// reported aggregated, so that most calls make no round trip (see
@@ -180,6 +190,9 @@ func New(rdb redis.UniversalClient, dependency string, opts Options) (*Guard, er
 	}
 	m, err := newMetrics(opts.Registerer, dep.String())
 	if err != nil {
+		return nil, err
+	}
+	if err := checkEviction(rdb, opts, m); err != nil {
 		return nil, err
 	}
 	g := &Guard{
@@ -273,6 +286,23 @@ func checkClient(rdb redis.UniversalClient) error {
 	if !enabled {
 		return errors.New("redis client must set ContextTimeoutEnabled: true, so that RedisTimeout bounds every call")
 	}
+	return nil
+}
+
+// checkEviction refuses a Redis that evicts keys, unless the Options allow
+// it; then the evicting gauge says so. A Redis that does not answer within
+// RedisTimeout is not waited for: calls fail closed until it does.
+func checkEviction(rdb redis.UniversalClient, opts Options, m *metrics) error {
+	ctx, cancel := context.WithTimeout(context.Background(), opts.RedisTimeout)
+	defer cancel()
+	err := protocol.CheckNoEviction(ctx, rdb)
+	if !errors.Is(err, protocol.ErrEvictionPolicy) {
+		return nil
+	}
+	if !opts.AllowEviction {
+		return fmt.Errorf("%w (or set guard.Options.AllowEviction to start anyway, and alert on spillway_worker_redis_evicting)", err)
+	}
+	m.redisEvicting.Set(1)
 	return nil
 }
 

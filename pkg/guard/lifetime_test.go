@@ -2,11 +2,16 @@ package guard_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/pkg/guard"
@@ -130,5 +135,76 @@ func TestPanicInClassifyReleasesTheSlot(t *testing.T) {
 		gd.Close()
 		w := window(t, rdb)
 		g.Expect(w.Calls).To(Equal(int64(2)), "only the two clean calls count: %+v", w)
+	})
+}
+
+// Calls that end right at MaxCallLifetime race the lifetime's cut: a call
+// whose Done wins keeps its outcome, and the cut of a call that already
+// ended never reaches the slot's next call (its outcome dropped, its lease
+// no longer renewed). Forty holders share twenty slots, each ending its call
+// around the lifetime: every call the guard did not cut is in the window,
+// and no other.
+func TestLifetimeCutNeverReachesTheSlotsNextCall(t *testing.T) {
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		rdb := fastClient(redistest.Start(t))
+		publish(t, rdb, defaultPublished(20))
+		// A batching pool's cut slot is not returned: it comes back with its
+		// lease TTL, kept short. A per-call cut is released by Done: a TTL
+		// far above the renewals' lateness on a loaded machine keeps the
+		// leases from expiring unseen (their releases would count nothing).
+		const lifetime = 2 * time.Millisecond
+		ttl := time.Second
+		if batch.Enabled {
+			ttl = 40 * time.Millisecond
+		}
+		reg := prometheus.NewRegistry()
+		gd := newGuard(t, rdb, guard.Options{LeaseTTL: ttl, MaxCallLifetime: lifetime, WaitForSlot: true, Registerer: reg, Batch: batch})
+
+		var uncut, cut, lost, raced atomic.Int64
+		var wg sync.WaitGroup
+		end := time.Now().Add(1500 * time.Millisecond)
+		for w := range 40 {
+			wg.Go(func() {
+				for i := 0; time.Now().Before(end); i++ {
+					p, err := gd.Acquire(t.Context(), guard.Job{Attempt: 1})
+					if err != nil {
+						continue
+					}
+					// Around the lifetime: before, at and after it.
+					time.Sleep(lifetime - time.Millisecond + time.Duration((w+i)%9)*250*time.Microsecond)
+					// nil unless the guard cut the call: a cut call is
+					// cancelled and counts nothing.
+					passed := context.Cause(p.Context())
+					_ = p.Done(passed)
+					switch cause := context.Cause(p.Context()); {
+					case passed == nil && errors.Is(cause, guard.ErrLifetimeExceeded):
+						// Cut between the test's look and Done: per call it
+						// counts the success Done reported, batching nothing.
+						raced.Add(1)
+					case errors.Is(cause, guard.ErrLifetimeExceeded):
+						cut.Add(1)
+					case errors.Is(cause, context.Canceled): // Done's own
+						uncut.Add(1)
+					default: // lost (a 40 ms lease on a loaded machine)
+						lost.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		gd.Close()
+		w := window(t, rdb)
+		t.Logf("%d calls ended by Done, %d cut at the lifetime (%d as Done ran), %d lost their lease; window: %d successes",
+			uncut.Load(), cut.Load()+raced.Load(), raced.Load(), lost.Load(), w.Successes)
+		g.Expect(cut.Load()).To(BeNumerically(">", 0), "no call was cut: the race was not run")
+		// A slot can be lost (a 40 ms lease on a loaded machine) after its
+		// call's Done cancelled the call and before it gave the slot back:
+		// the call counts as ended by Done, and its outcome, like a per-call
+		// release of an expired lease, counts nothing. Each such loss is in
+		// the lease-lost counter and not among the calls seen lost.
+		unseen := int64(testutil.ToFloat64(counter(t, reg, "spillway_worker_lease_lost_total"))) - lost.Load()
+		g.Expect(w.Successes).To(BeNumerically(">=", uncut.Load()-max(unseen, 0)), "calls that Done ended lost their outcome")
+		g.Expect(w.Successes).To(BeNumerically("<=", uncut.Load()+raced.Load()), "cut calls counted")
 	})
 }

@@ -26,6 +26,9 @@ type metrics struct {
 	inFlight     prometheus.Gauge
 	batchSlots   prometheus.Gauge
 	batchLocal   prometheus.Gauge
+	// redisEvicting is 1 when the guard started, with AllowEviction, on a
+	// Redis that evicts keys.
+	redisEvicting prometheus.Gauge
 }
 
 // unreadResult is what became of a lease whose reply was never read.
@@ -76,6 +79,11 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 		Help: "Batch mode: 1 while calls take slots from the local pool, 0 while they go per call (HalfOpen, Open, the dead-man rule, Redis unreachable, a rate limit too low to batch).",
 	}, []string{"dependency"})
 
+	evicting := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "spillway", Subsystem: "worker", Name: "redis_evicting",
+		Help: "1 when the guard started (Options.AllowEviction) on a Redis whose maxmemory-policy evicts keys: leases and the published state may disappear, and the fleet's limits no longer hold.",
+	}, []string{"dependency"})
+
 	vecs := []**prometheus.CounterVec{&calls, &throttled, &stale, &superseded, &budget, &retries, &redisErrors, &leaseLost, &failOpen, &unread}
 	for _, v := range vecs {
 		var err error
@@ -87,7 +95,7 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, v := range []**prometheus.GaugeVec{&inFlight, &batchSlots, &batchLocal} {
+	for _, v := range []**prometheus.GaugeVec{&inFlight, &batchSlots, &batchLocal, &evicting} {
 		if *v, err = register(reg, *v); err != nil {
 			return nil, err
 		}
@@ -107,6 +115,8 @@ func newMetrics(reg prometheus.Registerer, dep string) (*metrics, error) {
 		inFlight:     inFlight.WithLabelValues(dep),
 		batchSlots:   batchSlots.WithLabelValues(dep),
 		batchLocal:   batchLocal.WithLabelValues(dep),
+
+		redisEvicting: evicting.WithLabelValues(dep),
 	}
 	for _, r := range []unreadResult{unreadQueued, unreadForgotten, unreadExpired, unreadDropped} {
 		m.unreadLeases[r] = unread.WithLabelValues(dep, string(r))

@@ -90,15 +90,20 @@ func (p *Permit) admit(start, now time.Time, bounded bool) *Permit {
 // lifetimeOver cuts a call on a pool slot at MaxCallLifetime: its context is
 // cancelled and its slot leaves the pool without being returned, so that it
 // expires within the lease TTL, as a per-call lease that stops renewing.
+//
+// It holds the Permit's lock throughout, so that Done (finish) comes either
+// before it, and the cut does nothing, or after the cut is complete: a
+// call that Done ended keeps its outcome, and the slot it gave back, which
+// another call may hold by now, is never retired (pool.retire checks the
+// slot is still this Permit's).
 func (p *Permit) lifetimeOver() {
 	p.mu.Lock()
-	done := p.done
-	p.mu.Unlock()
-	if done {
+	defer p.mu.Unlock()
+	if p.done {
 		return
 	}
 	p.cancel(ErrLifetimeExceeded)
-	p.pool.retire(p.slot)
+	p.pool.retire(p.slot, p)
 }
 
 // Context is the context the call should run under: it carries the attempt

@@ -100,12 +100,21 @@ func (p *pool) change(payload string) {
 	if c.Epoch < p.epoch {
 		return // older than what the pool knows
 	}
+	learned := false
 	if c.Epoch != p.epoch || !batching(c.State) {
 		p.freshUntil = time.Time{}
+		p.epoch = c.Epoch
+		learned = true
 	}
 	if c.Limit < p.limit {
 		p.drainLocked()
 		p.limit = c.Limit
+		learned = true
+	}
+	if learned {
+		// A reply to a request sent before now may predate the change: it
+		// must not undo it (applyLocked).
+		p.learnedAt = time.Now()
 	}
 	p.gaugesLocked()
 }
@@ -245,11 +254,51 @@ func (p *pool) buildLocked() *poolRequest {
 // applyLocked applies a refresh's answer. Times in it are Redis's: they are
 // read against when the request was first sent (Redis ran it after that)
 // and when the answer arrived (Redis ran it before that).
+//
+// A reply never grants, restores or extends anything older than what the
+// pool already knows (Doorman's rule). A resend is answered with the first
+// run's reply (pool.lua), which may be old by now:
+//   - once req.firstSent + LeaseTTL/2 has passed, every member the run
+//     granted or renewed may have expired in Redis and be another process's
+//     now: the reply is dead. Its grants go back unused, the slots held are
+//     dropped as the expiry timer would drop them (their calls cancelled
+//     with ErrLeaseLost), and the pool refreshes again;
+//   - when the pool learned a change (a new epoch, a state that does not
+//     batch, a lower limit) through the change channel after the request
+//     was first sent, the reply may predate it: its epoch, limit, state and
+//     rate tokens are not taken, its grants go back unused, and the pool
+//     refreshes again at once. Its renewals and lost members still hold:
+//     the run renewed after firstSent whatever it answered.
 func (p *pool) applyLocked(req *poolRequest, r protocol.PoolReply, recv time.Time) {
 	g := p.g
 	sent := req.firstSent
 	removed := p.removed // slots that left since the request was built
 	p.lastErr = nil
+	valid := sent.Add(g.opts.LeaseTTL / 2)
+	if !recv.Before(valid) {
+		for _, m := range r.Granted {
+			p.toReturn = append(p.toReturn, m)
+		}
+		p.validUntil = recv
+		p.expireLocked()
+		p.kickLocked()
+		return
+	}
+	if p.learnedAt.After(sent) || r.Epoch < p.epoch {
+		for _, m := range r.Lost {
+			if s := p.slots[m]; s != nil {
+				p.killLocked(s, false)
+			}
+		}
+		p.toReturn = append(p.toReturn, r.Granted...)
+		if valid.After(p.validUntil) {
+			p.validUntil = valid
+			p.expiry.Reset(time.Until(valid))
+		}
+		p.slotsCapped, p.tokensCapped = false, false
+		p.kickLocked()
+		return
+	}
 	if r.Limit < p.limit {
 		// A lower limit the change announcement did not bring: the slots
 		// held before this answer go back (drainLocked); its grants were
@@ -258,7 +307,7 @@ func (p *pool) applyLocked(req *poolRequest, r protocol.PoolReply, recv time.Tim
 	}
 	p.epoch, p.limit = r.Epoch, r.Limit
 	p.freshUntil = sent.Add(p.every + g.opts.RedisTimeout)
-	p.validUntil = sent.Add(g.opts.LeaseTTL / 2)
+	p.validUntil = valid
 	p.expiry.Reset(time.Until(p.validUntil))
 	for _, m := range r.Lost {
 		if s := p.slots[m]; s != nil {

@@ -67,7 +67,8 @@ func newLostReplies(t *testing.T, target string) *lostReplies {
 func (p *lostReplies) addr() string { return p.ln.Addr().String() }
 
 // lose arms the proxy: the first run of each of the next n distinct commands
-// that carry the SHA of the protocol script name loses its reply.
+// that carry the SHA of the protocol script name loses its reply (n below
+// 0: every one until lose is called again; n = 0 disarms it).
 func (p *lostReplies) lose(t *testing.T, name string, n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -82,7 +83,9 @@ func (p *lostReplies) doomed(req []byte) bool {
 		return false
 	}
 	p.seen[string(req)] = true
-	p.budget--
+	if p.budget > 0 { // below 0: every one until the next lose
+		p.budget--
+	}
 	return true
 }
 

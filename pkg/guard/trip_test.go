@@ -96,3 +96,65 @@ func TestFleetTripsOnFailuresNotOnNoise(t *testing.T) {
 		g.Expect(rdb.HGet(ctx, keys.State, "tripped_from").Val()).To(Equal(string(wire.Closed)))
 	})
 }
+
+// The in-path trip at low volume and at the start of its window, in both
+// modes, one call at a time so that every count is exact: under a ratio of
+// 0.5 over at least 20 calls in a 10 s window, nine failures in a row stay
+// under the minimum of calls, and 9 failures in 20 calls (45%) under the
+// ratio: the breaker stays Closed. The next failures make 10 in 21
+// (47.6%, Closed) and then 11 in 22 (50%): the breaker trips at that one,
+// not before and not after. With "old", a second of 1,000 failures 12 s
+// ago, before the window's start, is in the stats hash too: it must not
+// count (nor move the trip by one call).
+func TestFleetTripsAtLowVolumeExactly(t *testing.T) {
+	for _, old := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failures before the window %v", old), func(t *testing.T) {
+			inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+				g := NewWithT(t)
+				rdb := fastClient(redistest.Start(t))
+				ctx := t.Context()
+				now, err := rdb.Time(ctx).Result()
+				g.Expect(err).NotTo(HaveOccurred())
+				keys := protocol.KeysFor(protocol.Dependency{Namespace: "mail", Name: "template-api"})
+				if old {
+					s := now.Unix() - 12
+					g.Expect(rdb.HSet(ctx, keys.Stats, fmt.Sprintf("%d:f", s), 1000, fmt.Sprintf("%d:a1", s), 1000).Err()).To(Succeed())
+				}
+				p := defaultPublished(10)
+				p.BreakerWindow = 10 * time.Second
+				p.Trip = protocol.Trip{On: true, FailureRatio: 0.5, MinCalls: 20, Since: now.Add(-time.Minute), OpenDuration: time.Minute}
+				publish(t, rdb, p)
+				gd := newGuard(t, rdb, guard.Options{Batch: batch})
+				down := errors.New("connection refused")
+				state := func() string { return rdb.HGet(ctx, keys.State, "state").Val() }
+				call := func(fail bool) {
+					t.Helper()
+					err := gd.Do(ctx, guard.Job{Attempt: 1}, func(context.Context) error {
+						if fail {
+							return down
+						}
+						return nil
+					})
+					if !fail {
+						g.Expect(err).NotTo(HaveOccurred())
+					}
+					if batch.Enabled {
+						time.Sleep(60 * time.Millisecond) // the report goes out with the next refresh
+					}
+				}
+				for range 9 {
+					call(true)
+				}
+				g.Expect(state()).To(Equal(string(wire.Closed)), "9 failures tripped the breaker below its minimum of 20 calls")
+				for range 11 {
+					call(false)
+				}
+				g.Expect(state()).To(Equal(string(wire.Closed)), "9 failures in 20 calls (45%%) tripped a breaker at 50%%")
+				call(true)
+				g.Expect(state()).To(Equal(string(wire.Closed)), "10 failures in 21 calls (47.6%%) tripped a breaker at 50%%")
+				call(true)
+				g.Eventually(state).WithTimeout(time.Second).Should(Equal(string(wire.Open)), "11 failures in 22 calls (50%%) did not trip a breaker at 50%%")
+			})
+		})
+	}
+}

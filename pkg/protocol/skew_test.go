@@ -239,7 +239,8 @@ func TestOrphanTripEndsByItself(t *testing.T) {
 		c := newClient(t, rdb)
 		const open = 300 * time.Millisecond
 		p := tripPolicy(wire.Ramping, 6, 0.5, 4, 30*time.Second, redisNow(t, rdb).Add(-time.Minute))
-		p.Trip.OpenDuration, p.HalfOpenProbes, p.StaleAfter = open, 2, 3*time.Second
+		const stale = 200 * time.Millisecond // the dead-man bound: probes start that long after open_until
+		p.Trip.OpenDuration, p.HalfOpenProbes, p.StaleAfter = open, 2, stale
 		mustPublish(t, c, p)
 		acquire := func() protocol.Admission {
 			t.Helper()
@@ -251,7 +252,7 @@ func TestOrphanTripEndsByItself(t *testing.T) {
 		}
 		waitOpen := func() {
 			t.Helper()
-			time.Sleep(time.Until(mustRead(t, c).OpenUntil) + 20*time.Millisecond)
+			time.Sleep(time.Until(mustRead(t, c).OpenUntil) + stale + 20*time.Millisecond)
 		}
 
 		releaseN(t, c, 4, protocol.Failure)
@@ -261,6 +262,10 @@ func TestOrphanTripEndsByItself(t *testing.T) {
 		}
 		if a := acquire(); a.Code != protocol.RefusedOpen {
 			t.Fatalf("acquire before the open duration passed = %+v, want refused open", a)
+		}
+		time.Sleep(time.Until(tripped.OpenUntil) + 20*time.Millisecond)
+		if a := acquire(); a.Code != protocol.RefusedOpen {
+			t.Fatalf("acquire after the open duration, within the dead-man bound = %+v, want refused open (a manager may still take the trip over)", a)
 		}
 
 		// A probe fails: open again for the open duration.

@@ -31,6 +31,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -57,6 +58,7 @@ const (
 	tpGoroutinesEnv = "SPILLWAY_TP_GOROUTINES"
 	tpHoldEnv       = "SPILLWAY_TP_HOLD"
 	tpLimitEnv      = "SPILLWAY_TP_LIMIT"
+	tpYieldEnv      = "SPILLWAY_TP_YIELD"
 	// tpProfileEnv, when set to a directory, makes every worker write a
 	// CPU profile of its timed run there (worker-<mode>-<pid>.pprof), to
 	// see where a mode's time goes in the worker.
@@ -89,6 +91,14 @@ type tpConfig struct {
 	limit int64
 	// hold is how long the dependency takes per call; 0 returns at once.
 	hold time.Duration
+	// yield, for a call that returns at once, yields the processor once
+	// inside the call (runtime.Gosched, as a call that waits on nothing but
+	// a non-blocking I/O would): without a guard, the calls of every
+	// goroutine then overlap at the dependency, far above a limit below the
+	// fleet's demand. Without it, an instant call is in flight for so short
+	// a time that two cores hold at most a few at once, and a cap check on
+	// such a fleet cannot fail.
+	yield bool
 }
 
 // tpWorkerStats is what one worker process counted over the timed run.
@@ -207,6 +217,7 @@ func tpWorker(stdin io.Reader, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", tpLimitEnv, err)
 	}
+	yield := os.Getenv(tpYieldEnv) == "1"
 	shared, err := tpOpenShared(os.Getenv(tpSharedEnv))
 	if err != nil {
 		return err
@@ -220,6 +231,9 @@ func tpWorker(stdin io.Reader, stdout io.Writer) error {
 	}
 	call := func(context.Context) error {
 		shared.enter(limit)
+		if yield {
+			runtime.Gosched()
+		}
 		if hold > 0 {
 			start := time.Now()
 			time.Sleep(hold)
@@ -441,6 +455,9 @@ func tpRun(tb testing.TB, cfg tpConfig, mode string, calls int64, run, wait time
 		tpHoldEnv + "=" + cfg.hold.String(),
 		tpLimitEnv + "=" + strconv.FormatInt(cfg.limit, 10),
 	}
+	if cfg.yield {
+		env = append(env, tpYieldEnv+"=1")
+	}
 	workers := make([]tpWorkerProc, cfg.procs)
 	for i := range workers {
 		workers[i] = tpStart(tb, env)
@@ -591,13 +608,17 @@ const tpProcs = 8
 
 // tpVariants are the fleets BenchmarkFleetThroughput measures: short calls
 // with a limit the fleet's demand just reaches, so the figure is the guard's
-// own cost; and 1 ms calls with half the slots the fleet wants, so every
-// process contends and waits for slots.
+// own cost (its cap check cannot fail: the limit is the whole demand);
+// instant calls that yield once, with a quarter of the slots the fleet
+// wants, so the cap check has a cap to hold (a bare fleet fails it:
+// TestCapCheckFailsWithoutAGuard); and 1 ms calls with half the slots the
+// fleet wants, so every process contends and waits for slots.
 var tpVariants = []struct {
 	name string
 	cfg  tpConfig
 }{
 	{"calls=instant", tpConfig{procs: tpProcs, goroutines: 8, limit: tpProcs * 8}},
+	{"calls=instant/limit<demand", tpInstantCapped},
 	{"calls=1ms/limit<demand", tpConfig{procs: tpProcs, goroutines: 16, limit: tpProcs * 16 / 2, hold: time.Millisecond}},
 }
 
@@ -643,6 +664,34 @@ func BenchmarkFleetThroughput(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// tpInstantCapped is a fleet of instant calls (each yields once) whose limit
+// is a quarter of its demand: 8 processes of 8 goroutines on 16 slots.
+var tpInstantCapped = tpConfig{procs: tpProcs, goroutines: 8, limit: tpProcs * 8 / 4, yield: true}
+
+// TestCapCheckFailsWithoutAGuard shows that the cap check of
+// BenchmarkFleetThroughput's instant fleet can fail: run bare (no guard),
+// the fleet of tpInstantCapped has more calls in flight at the dependency
+// than its limit, which the check refuses; guarded (batch mode, the
+// cheapest), it holds the cap.
+func TestCapCheckFailsWithoutAGuard(t *testing.T) {
+	for _, mode := range []string{tpBare, tpBatch} {
+		t.Run(mode, func(t *testing.T) {
+			res := tpRun(t, tpInstantCapped, mode, 0, time.Second, 20*time.Second, nil)
+			t.Log(res)
+			if res.calls == 0 {
+				t.Fatalf("no call reached the dependency")
+			}
+			over := res.peak > tpInstantCapped.limit || res.overLimit > 0
+			switch {
+			case mode == tpBare && !over:
+				t.Errorf("bare: peak %d in flight at limit %d: the cap check could not fail", res.peak, tpInstantCapped.limit)
+			case mode != tpBare && over:
+				t.Errorf("%s: %d calls in flight at the dependency, limit %d (%d calls over it)", mode, res.peak, tpInstantCapped.limit, res.overLimit)
+			}
+		})
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -56,8 +58,15 @@ func TestMain(m *testing.M) {
 const (
 	liveNamespace = "shop"
 	livePolicy    = "pay"
+	// calmNamespace holds a policy of the same name, livePolicy, whose
+	// dependency stays healthy: every series and alert must tell the two
+	// apart by their namespace label.
+	calmNamespace = "bank"
 	// rateWindow replaces $__rate_interval in the panels' queries.
 	rateWindow = "15s"
+	// leaseName is the manager's leader-election Lease (cmd/manager), which
+	// the SpillwayNoLeader alert names.
+	leaseName = "spillway.dev"
 )
 
 // shortRanges replace the ranges of the alerts' expressions, and shortFor
@@ -73,7 +82,8 @@ var (
 // livePolicySpec is a policy scaled down to the test's seconds: it opens
 // after 10 calls at half of them failing, probes after 2 s, and ramps 2, 4,
 // 8 by 1 s steps, stepping back at 5% failures. It names a ScaledObject and
-// an HPA that does not exist yet.
+// an HPA that does not exist yet. The calm policy has the same spec, with
+// only an HPA that exists from the start.
 const livePolicySpec = `
 capacity: {concurrency: 8}
 ramp:
@@ -97,20 +107,30 @@ const (
 	partial // it serves one call at a time: half of the calls beside another fail
 )
 
-// TestLiveDashboardAndAlerts runs the controller and a fleet of workers (the
-// worker library, in this process) against the real API server and Redis,
-// with a real Prometheus scraping the manager's and the workers' metrics,
-// through: a dependency outage and its ramp, a ramp that steps back, an HPA
-// consumer that does not exist until the middle of the run, a hung Redis,
-// and a manager whose metrics endpoint goes away. Then every query of every
-// dashboard panel must return series, and each alert's expression, with its
-// ranges and "for" scaled down (shortRanges, shortFor), must fire while its
-// incident lasts and not once it is over.
+// labels are the labels a firing alert's series must carry.
+type labels map[string]string
+
+// TestLiveDashboardAndAlerts runs the controller and two fleets of workers
+// (the worker library, in this process) against the real API server and
+// Redis, with a real Prometheus scraping the manager's metrics as the
+// Prometheus Operator scrapes the Helm chart's ServiceMonitor
+// (operator_test.go), and the workers' metrics, through: a manager that
+// cannot take its leader-election Lease, a dependency outage and its ramp, a
+// ramp that steps back, an HPA consumer that does not exist until the middle
+// of the run, a hung Redis, and a manager whose metrics endpoint goes away.
+// The two policies have one name in two namespaces: shop/pay goes through
+// the incidents, bank/pay stays healthy. Then every query of every dashboard
+// panel must return series for each policy, and each alert's expression,
+// with its ranges and "for" scaled down (shortRanges, shortFor), must fire
+// while its incident lasts, for the policies it concerns and no other, and
+// not once it is over.
 func TestLiveDashboardAndAlerts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts kube-apiserver, etcd, redis-server and prometheus, and runs for minutes")
 	}
 	ctx := t.Context()
+	chart := renderChart(t, "serviceMonitor.enabled=true", "metrics.secure=false",
+		"serviceMonitor.interval=1s", "serviceMonitor.scrapeTimeout=1s")
 	env, err := testenv.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -123,21 +143,64 @@ func TestLiveDashboardAndAlerts(t *testing.T) {
 		o.PoolSize = 64
 	})
 
+	// The Lease is held by a process that is not the manager: it runs, is
+	// scraped, and publishes nothing.
+	create(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: releaseNamespace}})
+	releaseLease := holdLease(t, env.Client)
 	startManager(t, env, rdb)
 	manager := serveMetrics(t, promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
-	workerReg := prometheus.NewRegistry()
-	workers := serveMetrics(t, promhttp.HandlerFor(workerReg, promhttp.HandlerOpts{}))
-	prom := promtest.Start(t, manager.addr, workers.addr)
-
-	install(t, env.Client)
-	gd, err := guard.New(rdb, liveNamespace+"/"+livePolicy, guard.Options{
-		// Redis hung for seconds is an outage; a round trip of a second or
-		// two is not, on 2 cores shared with other tests (the default 250 ms
-		// would count such stalls as Redis errors, and admit fail-open calls).
-		Registerer: workerReg, RedisTimeout: 3 * time.Second, FailOpenLimit: 2,
+	fleets := map[string]*prometheus.Registry{liveNamespace: prometheus.NewRegistry(), calmNamespace: prometheus.NewRegistry()}
+	workers := map[string]*metricsTarget{}
+	for ns, reg := range fleets {
+		workers[ns] = serveMetrics(t, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	}
+	scrape, err := yaml.Marshal([]scrapeConfig{
+		operatorScrapeConfig(t, chart, manager.addr),
+		// Each fleet as its own PodMonitor or scrape config would label it:
+		// with the namespace its pods run in. The workers' series carry no
+		// namespace of their own.
+		{JobName: "workers", StaticConfigs: []staticConfig{
+			{Targets: []string{workers[liveNamespace].addr}, Labels: map[string]string{"namespace": liveNamespace}},
+			{Targets: []string{workers[calmNamespace].addr}, Labels: map[string]string{"namespace": calmNamespace}},
+		}},
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	prom := promtest.StartScraping(t, string(scrape))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("Prometheus scraped with:\n%s", scrape)
+		}
+	})
+
+	// The run begins once Prometheus has scraped the manager, standing by.
+	waitSeries(t, prom.URL(), `leader_election_master_status{name="`+leaseName+`"} == 0`, 30*time.Second)
+	begin := time.Now()
+	time.Sleep(10 * time.Second)
+	releaseLease()
+	leaseReleased := time.Now()
+
+	install(t, env.Client)
+	var mode, calmMode atomic.Int32
+	var stops []func()
+	for ns, n := range map[string]int{liveNamespace: 6, calmNamespace: 2} {
+		gd, err := guard.New(rdb, ns+"/"+livePolicy, guard.Options{
+			// Redis hung for seconds is an outage; a round trip of a second or
+			// two is not, on 2 cores shared with other tests (the default 250 ms
+			// would count such stalls as Redis errors, and admit fail-open calls).
+			Registerer: fleets[ns], RedisTimeout: 3 * time.Second, FailOpenLimit: 2,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &mode
+		if ns == calmNamespace {
+			m = &calmMode
+		}
+		stop := runWorkers(ctx, gd, m, n)
+		t.Cleanup(stop)
+		stops = append(stops, stop)
 	}
 	pc, err := protocol.NewClient(rdb, protocol.Dependency{Namespace: liveNamespace, Name: livePolicy})
 	if err != nil {
@@ -145,11 +208,7 @@ func TestLiveDashboardAndAlerts(t *testing.T) {
 	}
 	tl := &timeline{t: t, pc: pc}
 	go tl.watch(ctx)
-	var mode atomic.Int32
-	stopWorkers := runWorkers(ctx, gd, &mode, 6)
-	t.Cleanup(stopWorkers)
 
-	begin := time.Now()
 	tl.waitState(wire.Closed, 30*time.Second)
 	time.Sleep(5 * time.Second) // warm
 
@@ -171,7 +230,8 @@ func TestLiveDashboardAndAlerts(t *testing.T) {
 	stepBacksOver := time.Now()
 
 	// The HPA consumer appears: every consumer is bounded.
-	hpaCreated := createHPA(t, env.Client)
+	hpaCreated := time.Now()
+	create(t, env.Client, hpa(liveNamespace, "pay-api"))
 	tl.waitState(wire.Closed, 90*time.Second)
 	closedAt := time.Now()
 	time.Sleep(20 * time.Second) // quiet: every shortened window forgets the incidents
@@ -199,24 +259,44 @@ func TestLiveDashboardAndAlerts(t *testing.T) {
 	managerUpAt := time.Now()
 	time.Sleep(8 * time.Second)
 	end := time.Now()
-	stopWorkers()
+	for _, stop := range stops {
+		stop()
+	}
 	off := func(at time.Time) time.Duration { return at.Sub(begin).Round(100 * time.Millisecond) }
-	t.Logf("run: Open at %v, healed at %v, third step back at %v, healed at %v, HPA at %v, Closed at %v, Redis hung %v-%v, manager unscraped %v-%v, end %v",
-		off(openAt), off(outageOver), off(thirdStepBack), off(stepBacksOver), off(hpaCreated), off(closedAt), off(pausedAt), off(resumedAt), off(managerDownAt), off(managerUpAt), off(end))
+	t.Logf("run: Lease released at %v, Open at %v, healed at %v, third step back at %v, healed at %v, HPA at %v, Closed at %v, Redis hung %v-%v, manager unscraped %v-%v, end %v",
+		off(leaseReleased), off(openAt), off(outageOver), off(thirdStepBack), off(stepBacksOver), off(hpaCreated), off(closedAt), off(pausedAt), off(resumedAt), off(managerDownAt), off(managerUpAt), off(end))
 
 	sec := time.Second
-	alerts := map[string]struct{ fire, silent [][2]time.Time }{
+	shop := labels{"namespace": liveNamespace, "name": livePolicy}
+	bank := labels{"namespace": calmNamespace, "name": livePolicy}
+	shopWorkers := labels{"namespace": liveNamespace, "dependency": liveNamespace + "/" + livePolicy}
+	bankWorkers := labels{"namespace": calmNamespace, "dependency": calmNamespace + "/" + livePolicy}
+	managerJob := labels{"namespace": releaseNamespace, "job": release + "-metrics"}
+	alerts := map[string]struct {
+		fire, silent [][2]time.Time
+		// who are the label sets the alert fires with in each fire
+		// window, and the only ones it may fire with; nil: not checked.
+		who []labels
+	}{
+		"SpillwayNoLeader": {
+			fire:   [][2]time.Time{{begin.Add(5 * sec), leaseReleased}},
+			silent: [][2]time.Time{{leaseReleased.Add(5 * sec), end}},
+			who:    []labels{managerJob},
+		},
 		"SpillwayDependencyOpen": {
 			fire:   [][2]time.Time{{openAt.Add(2 * sec), outageOver}},
 			silent: [][2]time.Time{{begin.Add(3 * sec), openAt.Add(-3 * sec)}, {closedAt.Add(2 * sec), end}},
+			who:    []labels{shop},
 		},
 		"SpillwayEvaluationLagging": {
 			fire:   [][2]time.Time{{resumedAt, resumedAt.Add(12 * sec)}},
 			silent: [][2]time.Time{{closedAt.Add(16 * sec), quietUntil}, {resumedAt.Add(21 * sec), managerDownAt}},
+			who:    []labels{{"job": release + "-metrics"}},
 		},
 		"SpillwayDeadManRuleInEffect": {
 			fire:   [][2]time.Time{{pausedAt.Add(5 * sec), resumedAt}},
 			silent: [][2]time.Time{{closedAt, quietUntil}, {resumedAt.Add(5 * sec), managerDownAt}},
+			who:    []labels{shop, bank},
 		},
 		"SpillwayManagerDown": {
 			fire:   [][2]time.Time{{managerDownAt.Add(3 * sec), managerUpAt}},
@@ -225,18 +305,22 @@ func TestLiveDashboardAndAlerts(t *testing.T) {
 		"SpillwayWorkersCannotReachRedis": {
 			fire:   [][2]time.Time{{pausedAt.Add(3 * sec), resumedAt}},
 			silent: [][2]time.Time{{begin.Add(3 * sec), pausedAt}, {resumedAt.Add(17 * sec), end}},
+			who:    []labels{shopWorkers, bankWorkers},
 		},
 		"SpillwayFailOpenAdmissions": {
 			fire:   [][2]time.Time{{pausedAt.Add(3 * sec), resumedAt}},
 			silent: [][2]time.Time{{begin.Add(3 * sec), pausedAt}, {resumedAt.Add(17 * sec), end}},
+			who:    []labels{shopWorkers, bankWorkers},
 		},
 		"SpillwayConsumersNotBounded": {
 			fire:   [][2]time.Time{{begin, hpaCreated}},
 			silent: [][2]time.Time{{hpaCreated.Add(5 * sec), end}},
+			who:    []labels{shop},
 		},
 		"SpillwayRampSteppingBack": {
 			fire:   [][2]time.Time{{thirdStepBack.Add(-sec), thirdStepBack.Add(10 * sec)}},
 			silent: [][2]time.Time{{begin, outageOver}, {stepBacksOver.Add(62 * sec), end}},
+			who:    []labels{shop},
 		},
 		// No incident of this run makes a controller return an error
 		// (promtool's tests make it fire): its expression must run and stay
@@ -272,30 +356,124 @@ func TestLiveDashboardAndAlerts(t *testing.T) {
 					t.Errorf("%s did not fire between %s and %s of the run (for %v: fired %v): %s",
 						r.Alert, w[0].Sub(begin), w[1].Sub(begin), hold, overlapping(fired, begin, end, begin), expr)
 				}
+				for _, l := range want.who {
+					if len(overlapping(firing(matching(got, l), hold), w[0], w[1], begin)) == 0 {
+						t.Errorf("%s did not fire for %v between %s and %s of the run (fired for %v): %s",
+							r.Alert, l, w[0].Sub(begin), w[1].Sub(begin), firedFor(got, hold), expr)
+					}
+				}
 			}
 			for _, w := range want.silent {
 				if at := overlapping(fired, w[0], w[1], begin); len(at) > 0 {
-					t.Errorf("%s fired between %s and %s of the run, when nothing was wrong (for %v: fired %v): %s",
-						r.Alert, w[0].Sub(begin), w[1].Sub(begin), hold, at, expr)
+					t.Errorf("%s fired between %s and %s of the run, when nothing was wrong (for %v: fired %v for %v): %s",
+						r.Alert, w[0].Sub(begin), w[1].Sub(begin), hold, at, firedFor(got, hold), expr)
+				}
+			}
+			if want.who != nil {
+				for _, s := range got {
+					if len(firing([]series{s}, hold)) > 0 && !slices.ContainsFunc(want.who, func(l labels) bool { return l.match(s.Metric) }) {
+						t.Errorf("%s fired for %v, which none of its incidents concerns (want %v): %s", r.Alert, s.Metric, want.who, expr)
+					}
 				}
 			}
 		})
 	}
 
-	for _, p := range loadDashboard(t).allPanels() {
-		for _, tg := range p.Targets {
-			t.Run("panel/"+p.Title+"/"+tg.RefID, func(t *testing.T) {
-				expr := substituteVariables(tg.Expr)
-				got, err := queryRange(prom.URL(), expr, begin, end)
+	// The dashboard's variables list both namespaces, and the policy in
+	// each; every panel's queries return series for both policies.
+	d := loadDashboard(t)
+	for _, v := range d.Templating.List {
+		if v.Type != "query" {
+			continue
+		}
+		t.Run("variable/"+v.Name, func(t *testing.T) {
+			m := labelValuesCall.FindStringSubmatch(v.Definition)
+			if m == nil {
+				t.Fatalf("variable %s: %q is not label_values(selector, label)", v.Name, v.Definition)
+			}
+			for _, ns := range []string{liveNamespace, calmNamespace} {
+				got, err := labelValues(prom.URL(), m[2], substituteVariables(m[1], ns), begin, end)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if len(got) == 0 {
-					t.Errorf("no series for %s", expr)
+				want := map[string]string{"namespace": ns, "policy": livePolicy}[v.Name]
+				if !slices.Contains(got, want) {
+					t.Errorf("variable %s with namespace %s lists %v, not %s", v.Name, ns, got, want)
 				}
-			})
+			}
+		})
+	}
+	for _, p := range d.allPanels() {
+		for _, tg := range p.Targets {
+			for _, ns := range []string{liveNamespace, calmNamespace} {
+				t.Run("panel/"+p.Title+"/"+tg.RefID+"/"+ns, func(t *testing.T) {
+					expr := substituteVariables(tg.Expr, ns)
+					got, err := queryRange(prom.URL(), expr, begin, end)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(got) == 0 {
+						t.Errorf("no series for %s", expr)
+					}
+				})
+			}
 		}
 	}
+}
+
+// waitSeries waits until query, run at the present, returns a series.
+func waitSeries(t *testing.T, base, query string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		got, err := queryRange(base, query, time.Now().Add(-time.Second), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no series for %s within %v", query, timeout)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// labelValuesCall is a query variable's definition: label_values(selector,
+// label).
+var labelValuesCall = regexp.MustCompile(`^label_values\((.+),\s*(\w+)\)$`)
+
+// match says whether a series' labels include l.
+func (l labels) match(metric map[string]string) bool {
+	for k, v := range l {
+		if metric[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// matching are the series of ss whose labels include l.
+func matching(ss []series, l labels) []series {
+	var out []series
+	for _, s := range ss {
+		if l.match(s.Metric) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// firedFor lists the labels of the series of ss that fire, for messages.
+func firedFor(ss []series, hold time.Duration) []map[string]string {
+	var out []map[string]string
+	for _, s := range ss {
+		if len(firing([]series{s}, hold)) > 0 {
+			out = append(out, s.Metric)
+		}
+	}
+	return out
 }
 
 var rangeSelector = regexp.MustCompile(`\[[0-9]+[smhdwy]\]`)
@@ -314,23 +492,31 @@ func shortenRanges(t *testing.T, expr string) string {
 }
 
 // substituteVariables fills a panel query's variables as Grafana would for
-// the live policy.
-func substituteVariables(expr string) string {
+// the live policy in namespace.
+func substituteVariables(expr, namespace string) string {
 	return strings.NewReplacer(
-		"$namespace", liveNamespace, "$policy", livePolicy, "$__rate_interval", rateWindow,
+		"$namespace", namespace, "$policy", livePolicy, "$__rate_interval", rateWindow,
 	).Replace(expr)
 }
 
 // startManager runs the evaluator and the policy reconciler, evaluating every
 // 200 ms with a 3 s dead-man bound and retrying failed evaluations within
-// 2 s, until the test ends.
+// 2 s, until the test ends. It elects a leader as cmd/manager does (its
+// Lease in releaseNamespace, with cmd/manager's default timings).
 func startManager(t *testing.T, env *testenv.Env, rdb *redis.Client) {
 	t.Helper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"}, // served by serveMetrics
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+		Scheme:                        env.Scheme,
+		Metrics:                       metricsserver.Options{BindAddress: "0"}, // served by serveMetrics
+		HealthProbeBindAddress:        "0",
+		Controller:                    config.Controller{SkipNameValidation: ptr.To(true)},
+		LeaderElection:                true,
+		LeaderElectionID:              leaseName,
+		LeaderElectionNamespace:       releaseNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 ptr.To(15 * time.Second),
+		RenewDeadline:                 ptr.To(10 * time.Second),
+		RetryPeriod:                   ptr.To(500 * time.Millisecond),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -357,18 +543,63 @@ func startManager(t *testing.T, env *testenv.Env, rdb *redis.Client) {
 	})
 }
 
-// install creates the namespace, the two workloads, the ScaledObject and the
-// policy; the HPA it names comes later (createHPA).
+// holdLease takes the manager's Lease for another holder, renews it every
+// second, and returns a func that deletes it (once).
+func holdLease(t *testing.T, c client.Client) func() {
+	t.Helper()
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: releaseNamespace, Name: leaseName},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity:       ptr.To("a-manager-run-by-hand"),
+			LeaseDurationSeconds: ptr.To[int32](15),
+			AcquireTime:          &metav1.MicroTime{Time: time.Now()},
+			RenewTime:            &metav1.MicroTime{Time: time.Now()},
+		},
+	}
+	create(t, c, lease)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			lease.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+			_ = c.Update(ctx, lease)
+		}
+	}()
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			if err := c.Delete(context.Background(), lease); err != nil {
+				t.Errorf("delete the Lease: %v", err)
+			}
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// install creates, in the live namespace, the two workloads, the
+// ScaledObject and the policy, whose HPA comes later (hpa); and in the calm
+// namespace the policy of the same name, with an HPA consumer that exists.
 func install(t *testing.T, c client.Client) {
 	t.Helper()
 	var spec spillwayv1alpha1.DependencyPolicySpec
 	if err := yaml.UnmarshalStrict([]byte(livePolicySpec), &spec); err != nil {
 		t.Fatalf("policy spec: %v", err)
 	}
+	calm := *spec.DeepCopy()
+	calm.Consumers = []spillwayv1alpha1.Consumer{{HorizontalPodAutoscalerName: "pay-api", SlotsPerReplica: 1}}
 	objs := []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: liveNamespace}},
-		deployment("pay-workers"),
-		deployment("pay-api"),
+		workload(liveNamespace, "pay-workers"),
+		workload(liveNamespace, "pay-api"),
 		&kedav1alpha1.ScaledObject{
 			ObjectMeta: metav1.ObjectMeta{Namespace: liveNamespace, Name: "pay-workers"},
 			Spec: kedav1alpha1.ScaledObjectSpec{
@@ -379,18 +610,27 @@ func install(t *testing.T, c client.Client) {
 			},
 		},
 		&spillwayv1alpha1.DependencyPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: liveNamespace, Name: livePolicy}, Spec: spec},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: calmNamespace}},
+		workload(calmNamespace, "pay-api"),
+		hpa(calmNamespace, "pay-api"),
+		&spillwayv1alpha1.DependencyPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: calmNamespace, Name: livePolicy}, Spec: calm},
 	}
 	for _, o := range objs {
-		if err := c.Create(context.Background(), o); err != nil {
-			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
-		}
+		create(t, c, o)
 	}
 }
 
-func deployment(name string) *appsv1.Deployment {
+func create(t *testing.T, c client.Client, o client.Object) {
+	t.Helper()
+	if err := c.Create(context.Background(), o); err != nil {
+		t.Fatalf("create %T %s/%s: %v", o, o.GetNamespace(), o.GetName(), err)
+	}
+}
+
+func workload(namespace, name string) *appsv1.Deployment {
 	labels := map[string]string{"app": name}
 	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: liveNamespace, Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: ptr.To[int32](2),
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
@@ -402,13 +642,12 @@ func deployment(name string) *appsv1.Deployment {
 	}
 }
 
-// createHPA creates the HPA the policy names, and returns when.
-func createHPA(t *testing.T, c client.Client) time.Time {
-	t.Helper()
-	hpa := &autoscalingv2.HorizontalPodAutoscaler{
-		ObjectMeta: metav1.ObjectMeta{Namespace: liveNamespace, Name: "pay-api"},
+// hpa is an HPA of the Deployment of its name.
+func hpa(namespace, name string) *autoscalingv2.HorizontalPodAutoscaler {
+	return &autoscalingv2.HorizontalPodAutoscaler{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
 		Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
-			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "pay-api"},
+			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: name},
 			MinReplicas:    ptr.To[int32](1),
 			MaxReplicas:    20,
 			Metrics: []autoscalingv2.MetricSpec{{
@@ -420,10 +659,6 @@ func createHPA(t *testing.T, c client.Client) time.Time {
 			}},
 		},
 	}
-	if err := c.Create(context.Background(), hpa); err != nil {
-		t.Fatalf("create the HPA: %v", err)
-	}
-	return time.Now()
 }
 
 // runWorkers runs n workers calling the dependency through the guard, each

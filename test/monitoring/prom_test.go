@@ -95,3 +95,32 @@ func overlapping(iv [][2]time.Time, from, to, begin time.Time) [][2]time.Duratio
 	}
 	return out
 }
+
+// labelValues runs Grafana's label_values(match, label) against the
+// Prometheus at base: the values of label on the series match selects
+// between start and end.
+func labelValues(base, label, match string, start, end time.Time) ([]string, error) {
+	v := url.Values{
+		"match[]": {match},
+		"start":   {strconv.FormatInt(start.Unix(), 10)},
+		"end":     {strconv.FormatInt(end.Unix()+1, 10)},
+	}
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get(base + "/api/v1/label/" + url.PathEscape(label) + "/values?" + v.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("label values of %s for %s: %w", label, match, err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status string   `json:"status"`
+		Error  string   `json:"error"`
+		Data   []string `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return nil, fmt.Errorf("label values of %s for %s: decode the answer (%s): %w", label, match, resp.Status, err)
+	}
+	if body.Status != "success" {
+		return nil, fmt.Errorf("label values of %s for %s: %s", label, match, body.Error)
+	}
+	return body.Data, nil
+}

@@ -556,14 +556,17 @@ class Guard:
     fail closed), job_ttl (86400), defer_delay (1), throttle_delay (0.2),
     classify (exception -> 's'|'f'|'t'|'c'), registry (prometheus_client's
     default registry when installed; None for no metrics), rand (a
-    random.Random)."""
+    random.Random), allow_eviction (False: refuse a Redis whose
+    maxmemory-policy evicts keys, as pkg/guard's Options.AllowEviction; True
+    starts anyway and sets the spillway_worker_redis_evicting gauge)."""
 
     def __init__(self, redis_client, dependency: str, *, lease_ttl: float = 30.0,
                  redis_timeout: float = 0.25, max_call_lifetime: float = 600.0,
                  wait_for_slot: bool = False, max_wait: float = 0.0, fail_open_limit: int = 0,
                  job_ttl: float = 86400.0, defer_delay: float = 1.0, throttle_delay: float = 0.2,
                  classify: Optional[Callable[[BaseException], str]] = None,
-                 registry=M.DEFAULT, rand=None, now: Callable[[], float] = time.time):
+                 registry=M.DEFAULT, rand=None, now: Callable[[], float] = time.time,
+                 allow_eviction: bool = False):
         if redis_client is None:
             raise ValueError("redis client must not be None")
         for name, v in (("lease_ttl", lease_ttl), ("redis_timeout", redis_timeout),
@@ -596,6 +599,7 @@ class Guard:
         self._rnd_lock = threading.Lock()
         self.now = now
         self.metrics = M.Metrics(self.dependency, registry)
+        _check_eviction(self.proto.rdb, self.dependency, allow_eviction, self.metrics)
         self.clock = RedisClock()
         self._forget = _Forgetter(self.proto, redis_timeout, self.metrics)
         self._renewer = _Renewer()
@@ -960,6 +964,34 @@ def _bounded(rdb, timeout: float):
     bounded = redis.ConnectionPool(connection_class=pool.connection_class,
                                    max_connections=pool.max_connections, **kw)
     return redis.Redis(connection_pool=bounded)
+
+
+def _check_eviction(rdb, dependency: str, allow: bool, metrics: M.Metrics) -> None:
+    """Refuse a Redis that evicts keys: under memory pressure it may drop
+    leases and the published state, and the fleet would then run more calls
+    than its limit. INFO memory works where CONFIG is disabled. A Redis that
+    does not answer is not waited for: calls fail closed until it does."""
+    try:
+        if isinstance(rdb, redis.RedisCluster):  # every master
+            by_node = rdb.info("memory", target_nodes=redis.RedisCluster.PRIMARIES)
+            infos = list(by_node.values()) if isinstance(by_node, dict) and "maxmemory_policy" not in by_node else [by_node]
+        else:
+            infos = [rdb.info("memory")]
+    except redis.RedisError:
+        return
+    policies = [str(i.get("maxmemory_policy", "noeviction")) for i in infos if isinstance(i, dict)]
+    policy = next((p for p in policies if p != "noeviction"), "noeviction")
+    if policy == "noeviction":
+        metrics.evicting.set(0)
+        return
+    if not allow:
+        raise ValueError(
+            f"redis has maxmemory-policy {policy}: it may evict Spillway's leases and state for {dependency} "
+            "under memory pressure, and the fleet would then run more calls than its limit; set "
+            "maxmemory-policy noeviction (or pass allow_eviction=True, and alert on spillway_worker_redis_evicting)")
+    log.warning("Redis evicts keys (maxmemory-policy %s): the fleet's limits for %s no longer hold under memory pressure",
+                policy, dependency)
+    metrics.evicting.set(1)
 
 
 def _check_client(rdb) -> None:

@@ -37,6 +37,10 @@ def _collectors(registry):
             "lease_lost": c("lease_lost", "Calls whose lease expired before it was renewed."),
             "fail_open": c("fail_open_calls", "Calls admitted by the local cap while Redis was unavailable."),
             "unread": c("unread_leases", "Leases whose acquire or release reply was never read, by what became of them (queued for forgetting, forgotten, expired first, dropped).", "result"),
+            "evicting": _prom.Gauge(
+                "redis_evicting", "1 when the guard started (allow_eviction) on a Redis whose maxmemory-policy evicts keys: "
+                "leases and the published state may disappear, and the fleet's limits no longer hold.",
+                ("dependency",), namespace="spillway", subsystem="worker", registry=registry),
             "slot_wait": _prom.Histogram(
                 "slot_wait_seconds", "Time spent waiting for a fleet-wide slot before a call was admitted.",
                 ("dependency",), namespace="spillway", subsystem="worker", registry=registry,
@@ -53,6 +57,9 @@ class _Nop:
     def observe(self, *a):
         pass
 
+    def set(self, *a):
+        pass
+
 
 _NOP = _Nop()
 
@@ -66,7 +73,7 @@ class Metrics:
         self.enabled = registry is not None and _prom is not None
         if not self.enabled:
             self.stale = self.superseded = self.budget_refusals = self.retries = _NOP
-            self.redis_errors = self.lease_lost = self.fail_open = self.slot_wait = _NOP
+            self.redis_errors = self.lease_lost = self.fail_open = self.slot_wait = self.evicting = _NOP
             self._calls = {}
             self._throttled = {}
             self._unread = {}
@@ -81,6 +88,7 @@ class Metrics:
         self.lease_lost = cols["lease_lost"].labels(d)
         self.fail_open = cols["fail_open"].labels(d)
         self.slot_wait = cols["slot_wait"].labels(d)
+        self.evicting = cols["evicting"].labels(d)
         self._calls = {(o, a): cols["calls"].labels(d, name, a) for o, name in _OUTCOME_NAMES.items() for a in _ATTEMPTS}
         self._throttled = {r: cols["throttled"].labels(d, r) for r in ("slots", "rate", "open", "redis_unavailable", "no_policy", "version")}
         self._unread = {r: cols["unread"].labels(d, r) for r in ("queued", "forgotten", "expired", "dropped")}

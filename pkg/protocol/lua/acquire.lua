@@ -25,14 +25,14 @@ local deadline = tonumber(ARGV[3]) or 0
 
 local st = redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
   'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
-  'stale_after_ms', 'half_open_probes', 'tripped_epoch')
+  'stale_after_ms', 'half_open_probes', 'tripped_epoch', 'tripped_stale_ms')
 if not st[1] then return {5} end
 local refused = version_refusal(KEYS[1], st[1], 6)
 if refused then return refused end
 -- A trip that no manager took over is probed by the workers once its
--- open_until_ms has passed, as a manager's HalfOpen would be (lib.lua
--- orphan_trip): the probes answer HalfOpen with the epoch.
-local orphan = orphan_trip(st[2], st[4], st[11], st[7], now_ms)
+-- open_until_ms and the dead-man bound have passed, as a manager's HalfOpen
+-- would be (lib.lua orphan_trip): the probes answer HalfOpen with the epoch.
+local orphan = orphan_trip(st[2], st[4], st[11], st[7], st[12], now_ms)
 
 -- A resend: the client sent this lease id before, Redis admitted it and the
 -- reply was lost (a connection closed after the script ran), and the client
@@ -93,7 +93,7 @@ if probing then
   -- Leases of earlier epochs (calls admitted before the outage that still
   -- run) do not count: they would keep the probes out until they end.
   if (tonumber(redis.call('HGET', KEYS[4], 'admitted')) or 0) >= limit and
-      not (orphan and orphan_round(KEYS[1], KEYS[4], st[7], now_ms)) then
+      not (orphan and orphan_round(KEYS[1], KEYS[4], st[7], st[12], now_ms)) then
     return {2, 0, 0, limit, now_ms}
   end
 else

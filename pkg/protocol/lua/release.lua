@@ -30,9 +30,10 @@ end
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local probe, orphan = false, false
 if KEYS[4] and ARGV[4] and ARGV[4] ~= '0' then
-  local st = redis.call('HMGET', KEYS[3], 'state', 'epoch', 'tripped_epoch', 'open_until_ms')
+  local st = redis.call('HMGET', KEYS[3], 'state', 'epoch', 'tripped_epoch', 'open_until_ms',
+    'tripped_stale_ms')
   if st[2] == ARGV[4] then
-    orphan = orphan_trip(st[1], st[2], st[3], st[4], now_ms)
+    orphan = orphan_trip(st[1], st[2], st[3], st[4], st[5], now_ms)
     probe = st[1] == 'HalfOpen' or orphan
   end
 end

@@ -420,30 +420,38 @@ end
 -- A trip that no manager took over ends by itself (docs/protocol.md §4 "A
 -- trip that ends by itself"): while the state is still the trip's Open (the
 -- epoch is tripped_epoch: a manager of any version that takes a trip over
--- publishes the next epoch) and open_until_ms has passed, the workers probe
--- the dependency as a manager's HalfOpen would. acquire admits
--- half_open_probes probe calls in all, answering HalfOpen with the epoch;
--- release counts their outcomes in the probes hash (orphan_verdict). A
--- failure or timeout opens the breaker again for trip_open_ms; as many
--- successes as half_open_probes put back the state and limit the trip
--- replaced, acknowledge the trip (trip_acked_ms, trip_acked_count), and
--- start the trip rule's window afresh (trip_since_ms). Probes admitted but
--- never answered (their worker died) start a new round once trip_open_ms
--- has passed since the round began (orphan_round).
-local function orphan_trip(state, epoch, tripped_epoch, open_until, now_ms)
+-- publishes the next epoch) and the dead-man bound the manager published
+-- (tripped_stale_ms) has passed since open_until_ms, as it would for an Open
+-- the manager published, the workers probe the dependency as a manager's
+-- HalfOpen would. acquire admits half_open_probes probe calls in all,
+-- answering HalfOpen with the epoch; release counts their outcomes in the
+-- probes hash (orphan_verdict). A failure or timeout opens the breaker again
+-- for trip_open_ms; as many successes as half_open_probes put back the state
+-- and limit the trip replaced, acknowledge the trip (trip_acked_ms,
+-- trip_acked_count), and start the trip rule's window afresh
+-- (trip_since_ms). Probes admitted but never answered (their worker died)
+-- give way to a new round once trip_open_ms has passed since the round began
+-- (orphan_round).
+local function orphan_start(open_until, stale)
+  return (tonumber(open_until) or 0) + math.max(0, tonumber(stale) or 0)
+end
+
+local function orphan_trip(state, epoch, tripped_epoch, open_until, stale, now_ms)
   return state == 'Open' and tripped_epoch and tripped_epoch == epoch and
-    now_ms >= (tonumber(open_until) or 0)
+    now_ms >= orphan_start(open_until, stale)
 end
 
 -- The orphan trip's probes of this round are spent: when a whole
--- trip_open_ms has passed since the round began without a verdict, a new
--- round begins now (the probes hash is emptied and open_until_ms moved to
--- now). Returns true when it did.
-local function orphan_round(state, probes, open_until, now_ms)
-  local open_ms = tonumber(redis.call('HGET', state, 'trip_open_ms')) or 0
-  if now_ms < (tonumber(open_until) or 0) + open_ms then return false end
+-- trip_open_ms has passed since the round began (the later of the orphan's
+-- start and tripped_round_ms) without a verdict, a new round begins now:
+-- the probes hash is emptied and tripped_round_ms set to now. Returns true
+-- when it did.
+local function orphan_round(state, probes, open_until, stale, now_ms)
+  local r = redis.call('HMGET', state, 'trip_open_ms', 'tripped_round_ms')
+  local began = math.max(orphan_start(open_until, stale), tonumber(r[2]) or 0)
+  if now_ms < began + (tonumber(r[1]) or 0) then return false end
   redis.call('DEL', probes)
-  redis.call('HSET', state, 'open_until_ms', int(now_ms))
+  redis.call('HSET', state, 'tripped_round_ms', int(now_ms))
   return true
 end
 

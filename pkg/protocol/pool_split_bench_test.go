@@ -1,0 +1,76 @@
+package protocol_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/pkg/protocol"
+)
+
+// BenchmarkPoolSplit: what a refresh costs Redis when the fair split's cache
+// cannot serve it (pool.lua pool_split: an HGETALL of every pool's entry in
+// wants, then a sort), against the same refresh served by the cache, for
+// 10, 100 and 500 batching processes. One op = one pool call; the pools
+// refresh in turn from one goroutine (each entry stays live: every pool
+// refreshes within the second), each holding 8 slots, asking for none more
+// and reporting nothing. In the "uncached" cases the split field is
+// deleted before each call (as a pool whose standing changed does); the
+// HDEL is outside the script's time (INFO commandstats, EVALSHA) but inside
+// the server's CPU (used_cpu).
+//
+//	go test -run '^$' -bench BenchmarkPoolSplit -benchtime 5000x ./pkg/protocol/
+func BenchmarkPoolSplit(b *testing.B) {
+	for _, pools := range []int{10, 100, 500} {
+		for _, uncached := range []bool{false, true} {
+			name := fmt.Sprintf("pools%d-cached", pools)
+			if uncached {
+				name = fmt.Sprintf("pools%d-uncached", pools)
+			}
+			b.Run(name, func(b *testing.B) { benchSplit(b, pools, uncached) })
+		}
+	}
+}
+
+func benchSplit(b *testing.B, pools int, uncached bool) {
+	rdb, owner := benchStandalone(b)
+	c := benchDep(b, rdb)
+	ctx := context.Background()
+	const held = 8
+	if _, err := c.Publish(ctx, policy(int64(pools*held))); err != nil {
+		b.Fatal(err)
+	}
+	members := make([][]string, pools)
+	for i := range members {
+		r, err := c.Pool(ctx, protocol.PoolArgs{PoolID: fmt.Sprint("split", i), RequestID: "fill", TTL: time.Minute, Want: held})
+		if err != nil || len(r.Granted) != held {
+			b.Fatalf("pool %d filled with %d of %d: %v", i, len(r.Granted), held, err)
+		}
+		members[i] = r.Granted
+	}
+	wants := c.Keys().Wants
+	admin := owner(c.Dependency())
+	admin.ConfigResetStat(ctx)
+	cpu0 := redisCPU(b, admin)
+	b.ResetTimer()
+	for k := range b.N {
+		i := k % pools
+		if uncached {
+			if err := rdb.HDel(ctx, wants, "split").Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := c.Pool(ctx, protocol.PoolArgs{
+			PoolID: fmt.Sprint("split", i), RequestID: strconv.Itoa(k), TTL: time.Minute,
+			Held: members[i], Want: held,
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	cpu := redisCPU(b, admin) - cpu0
+	b.ReportMetric(cpu.Seconds()/float64(b.N)*1e6, "redis-µs/pool-call")
+	b.ReportMetric(evalshaMicros(b, admin), "script-µs/pool-call")
+}
