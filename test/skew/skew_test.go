@@ -71,6 +71,7 @@ type rollout struct {
 	// switches are when the leader changed, and from which version to which.
 	switches []leaderSwitch
 	outages  []time.Time // when each outage began
+	recovery []time.Time // and when it ended
 	start    time.Time
 	replica  int // names the next replica
 }
@@ -391,6 +392,7 @@ func (r *rollout) outage(b skewtest.Binaries) {
 		r.waitSaw(name, "the breaker open", func(s skewtest.Seen) bool { return s.What == "open" }, at)
 	}
 	r.dep.SetDown(false)
+	r.recovery = append(r.recovery, time.Now())
 	r.phase("every worker saw the breaker open; the dependency recovers")
 	r.g.Eventually(func() bool {
 		s := r.state()
@@ -459,8 +461,10 @@ func (r *rollout) check() {
 	}
 	g.Expect(sawProbe).To(BeTrue(), "no worker was admitted as a HalfOpen probe")
 
-	// The ramp continues across every manager switch.
+	// The ramp continues across every manager switch, and the breaker
+	// opens only in an outage.
 	g.Expect(r.rampContinues()).To(Succeed())
+	g.Expect(r.opensOnlyInOutages()).To(Succeed())
 }
 
 // sawEveryChange checks that the workers of version, together, saw every
@@ -548,6 +552,38 @@ func (r *rollout) rampContinues() error {
 	}
 	if during == 0 {
 		return fmt.Errorf("no manager switch happened during a ramp")
+	}
+	return nil
+}
+
+// openSettle is how long after the dependency recovers the breaker may
+// still open: a failure reported late, by a loaded machine.
+const openSettle = 3 * time.Second
+
+// opensOnlyInOutages checks that every opening of the breaker from Closed
+// or Ramping was published while the dependency failed (or within
+// openSettle of its recovery): a manager switch, or anything but the
+// dependency's failures, must not open it.
+func (r *rollout) opensOnlyInOutages() error {
+	states := r.states()
+	for i := 1; i < len(states); i++ {
+		prev, s := states[i-1], states[i]
+		if s.State != "Open" || (prev.State != "Closed" && prev.State != "Ramping") {
+			continue
+		}
+		inOutage := false
+		for j, at := range r.outages {
+			inOutage = inOutage || (!s.Seen.Before(at) && j < len(r.recovery) && s.Seen.Before(r.recovery[j].Add(openSettle)))
+		}
+		if !inOutage {
+			var sw string
+			for _, x := range r.switches {
+				if !x.at.After(s.Seen) {
+					sw = fmt.Sprintf(" (the last manager switch before it: %s -> %s at %s)", x.from, x.to, x.at.Format("15:04:05.000"))
+				}
+			}
+			return fmt.Errorf("the breaker opened with the dependency up: %s, then %s%s", prev, s, sw)
+		}
 	}
 	return nil
 }
