@@ -91,8 +91,9 @@ type leaderSwitch struct {
 // ramps), during whose ramp the manager is rolled back and forward again.
 // Throughout: never more calls in flight at the dependency than the limit,
 // no job deferred for a version reason; every state change seen by
-// workers of both versions; the ramp never restarts because the manager
-// changed; and no lease left behind once the workers stop.
+// workers of both versions; the ramp never restarts, and the breaker never
+// opens, because the manager changed; and no lease left behind once the
+// workers stop.
 func TestRollingUpgradeUnderLoad(t *testing.T) {
 	skewtest.RequirePython(t)
 	long := os.Getenv("SPILLWAY_SKEW_LONG") != ""
