@@ -86,9 +86,11 @@ type leaderSwitch struct {
 // TestRollingUpgradeUnderLoad runs a fleet of Go (per call and batching)
 // and Python workers on one dependency under contention through a rolling
 // upgrade from the pinned commit to this tree: all old; the manager
-// upgraded as a 2-replica Deployment rolls; the workers rolled one by one;
-// an outage in the middle (the dependency fails, the fleet opens, then
-// ramps), during whose ramp the manager is rolled back and forward again.
+// upgraded as a 2-replica Deployment rolls; the workers rolled one by one,
+// with an outage in the middle (the dependency fails, the fleet opens, then
+// ramps) during whose ramp the manager is rolled back; then a second outage,
+// of new workers under the old manager, during whose ramp the manager is
+// rolled forward again.
 // Throughout: never more calls in flight at the dependency than the limit,
 // no job deferred for a version reason; every state change seen by
 // workers of both versions; the ramp never restarts, and the breaker never
