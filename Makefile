@@ -1,6 +1,7 @@
 # Spillway. Everything a fresh machine with only Go needs is built or installed
 # by the targets below: envtest binaries from the Go module proxy; redis-server,
-# prometheus and the Python client's python3-* modules from Debian's packages.
+# prometheus and the Python client's python3-* modules from Debian's packages;
+# the Node client's npm modules from the npm registry (package-lock.json).
 # Each setup step prints one line ("building etcd v3.6.16... done in 31s",
 # nothing once cached) and its tools' output only when
 # it fails; SPILLWAY_VERBOSE=1 shows that output as it comes (hack/step.sh).
@@ -82,9 +83,22 @@ python-test: redis ## Run the Python client's tests on Debian's python3 (modules
 	@hack/setup-python.sh
 	/usr/bin/python3 -m pytest clients/python/tests -q
 
+.PHONY: node-test
+node-test: redis ## Run the Node client's tests on node 20+ (npm modules installed from the lockfile by hack/setup-node.sh).
+	@hack/setup-node.sh
+	cd clients/node && npx --no-install tsc -p tsconfig.json && node --test --test-concurrency=4 --test-timeout=180000 test/*.test.js
+
 .PHONY: test
-test: envtest helm redis modules prometheus python-test ## Run every test (Python client, then Go) against a real kube-apiserver, etcd, redis-server and Prometheus.
-	SPILLWAY_REQUIRE_PYTHON=1 SPILLWAY_REQUIRE_HELM=1 go test $(TEST_FLAGS) ./...
+test: envtest helm redis modules prometheus python-test node-test ## Run every test (Python and Node clients, then Go) against a real kube-apiserver, etcd, redis-server and Prometheus.
+	SPILLWAY_REQUIRE_PYTHON=1 SPILLWAY_REQUIRE_NODE=1 SPILLWAY_REQUIRE_HELM=1 go test $(TEST_FLAGS) ./...
+
+SOAK ?= 1h
+SOAK_TIMEOUT ?= 24h
+
+.PHONY: soak
+soak: envtest redis modules ## Run the fault campaign's soak: random faults for $(SOAK) (make soak SOAK=10m), then its report; fails on any breach outside knownBreaches.
+	@hack/setup-python.sh
+	SOAK=$(SOAK) SPILLWAY_REQUIRE_PYTHON=1 go test -count=1 -timeout=$(SOAK_TIMEOUT) -run '^TestFaultSoak(Sentinel)?$$' -v ./test/faults
 
 .PHONY: skew-long
 skew-long: envtest redis modules ## Run the long form of the version-skew test (test/skew): more workers, outages, manager switches and worker rollbacks.

@@ -128,7 +128,7 @@ type consumerRef struct {
 	Name string
 }
 
-// refOf is the autoscaler c names.
+// refOf is the autoscaler c names; c is not a scaleTargetRef consumer.
 func refOf(c spillwayv1alpha1.Consumer) consumerRef {
 	if c.HorizontalPodAutoscalerName != "" {
 		return consumerRef{Kind: hpaKind, Name: c.HorizontalPodAutoscalerName}

@@ -59,7 +59,9 @@ const (
 	// min and max replicas, as JSON with null for unset
 	// ({"min":2,"max":null}), before Spillway first changes them; they are put
 	// back when the policy lets go. A change the user makes meanwhile (the
-	// field manager loses the field) is recorded here too.
+	// field manager loses the field) is recorded here too. On a workload
+	// without an autoscaler it holds the workload's replicas and those
+	// Spillway last set, {"replicas":80,"applied":20} (see workloadRecord).
 	AnnotationOriginalReplicas = "spillway.dev/original-replicas"
 	// AnnotationPinnedMinReplicas, on an autoscaler, is the replicas its
 	// workload had when the outage began: the minimum pinned while the
@@ -212,7 +214,7 @@ func letGoPatch(rv string, entries []metav1.ManagedFieldsEntry) ([]byte, error) 
 	for _, k := range spillwayAnnotations {
 		annotations[k] = nil
 	}
-	metadata := map[string]any{"resourceVersion": rv, "annotations": annotations}
+	metadata := map[string]any{"resourceVersion": rv, "annotations": annotations, "labels": map[string]any{LabelBoundedBy: nil}}
 	if kept, dropped := withoutSpillway(entries); dropped {
 		metadata["managedFields"] = kept
 	}

@@ -133,6 +133,12 @@ const (
 	// replicas from the ScaledObject, so Spillway leaves it alone: name the
 	// ScaledObject as the consumer instead.
 	ReasonOwnedByScaledObject = "OwnedByScaledObject"
+	// ReasonOwnedByHorizontalPodAutoscaler (False): a consumer's
+	// scaleTargetRef names a workload that an HPA scales, and the HPA would
+	// undo any replicas Spillway set: name the HPA as the consumer instead.
+	// (A workload a ScaledObject scales is refused with
+	// ReasonOwnedByScaledObject.)
+	ReasonOwnedByHorizontalPodAutoscaler = "OwnedByHorizontalPodAutoscaler"
 	// ReasonScaleTargetNotFound (False): the object an autoscaler's
 	// scaleTargetRef names does not exist, or its kind is not served.
 	ReasonScaleTargetNotFound = "ScaleTargetNotFound"

@@ -42,12 +42,35 @@ const (
 // published with it, and lets go of the autoscalers pol bounded but no longer
 // names. It returns one result per consumer, in spec order, then one per
 // autoscaler it failed to let go.
-func (r *PolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, state wire.State, limit int64) []consumerResult {
+//
+// It also returns the workloads (scaleTargetRef consumers) to record in
+// status: those the spec names and those it failed to let go, so that a
+// workload that leaves the spec is found and given its replicas back.
+func (r *PolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillwayv1alpha1.DependencyPolicy, params policy.Params, state wire.State, limit int64) ([]consumerResult, []workloadRef) {
 	bounds := ConsumerBounds(params, state, limit, pol.Spec.Consumers)
 	pinning := control.PinsMinReplicas(params, state)
 	results := make([]consumerResult, 0, len(pol.Spec.Consumers))
 	named := make(map[consumerRef]bool, len(pol.Spec.Consumers))
+	workloads := map[workloadRef]bool{}
+	var autoscalers []autoscalerOf
+	var listErr error
+	listed := false
 	for i, c := range pol.Spec.Consumers {
+		if c.ScaleTargetRef != nil {
+			w := workloadOf(c.ScaleTargetRef)
+			workloads[w] = true
+			if !listed {
+				autoscalers, listErr = r.autoscalersIn(ctx, pol.Namespace)
+				listed = true
+			}
+			res := consumerResult{Reason: ReasonAPIError, Message: fmt.Sprint(listErr)}
+			if listErr == nil {
+				res = r.bindWorkload(ctx, pol, w, bounds[i], autoscalers)
+			}
+			res.Name = w.String()
+			results = append(results, res)
+			continue
+		}
 		ref := refOf(c)
 		named[ref] = true
 		res := r.bindConsumer(ctx, pol, ref, bounds[i], pinning)
@@ -57,7 +80,14 @@ func (r *PolicyReconciler) reconcileConsumers(ctx context.Context, pol *spillway
 	if err := r.releaseAll(ctx, pol, named); err != nil {
 		results = append(results, consumerResult{Name: "(released consumers)", Reason: ReasonAPIError, Message: err.Error()})
 	}
-	return results
+	failed, err := r.releaseWorkloads(ctx, pol, workloads)
+	if err != nil {
+		results = append(results, consumerResult{Name: "(released workloads)", Reason: ReasonAPIError, Message: err.Error()})
+	}
+	for _, w := range failed {
+		workloads[w] = true
+	}
+	return results, slices.SortedFunc(maps.Keys(workloads), compareWorkloads)
 }
 
 // bindConsumer bounds one autoscaler: it records the user's replicas and
@@ -237,12 +267,20 @@ func (r *PolicyReconciler) releaseAll(ctx context.Context, pol *spillwayv1alpha1
 	maps.DeleteFunc(refs, func(ref consumerRef, _ bool) bool { return keep[ref] })
 	if keep == nil {
 		for _, c := range pol.Spec.Consumers {
+			if c.ScaleTargetRef != nil {
+				continue // releaseWorkloads lets go of the workloads
+			}
 			if ref := refOf(c); ref.Kind != scaledObjectKind || !kedaMissing {
 				refs[ref] = true
 			}
 		}
 	}
 	var errs []error
+	if keep == nil {
+		if _, err := r.releaseWorkloads(ctx, pol, nil); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, ref := range slices.SortedFunc(maps.Keys(refs), compareRefs) {
 		so := ref.newObject()
 		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: pol.Namespace, Name: ref.Name}, so.object()); err != nil {

@@ -5,7 +5,8 @@
 // planner (Plan) and publishes the fleet's limit, so a slow or throttled API
 // server never delays a limit. The PolicyReconciler holds the finalizer,
 // writes status once per reconcile and bounds the consumers' autoscalers,
-// KEDA ScaledObjects and HorizontalPodAutoscalers (Bounds, DesiredReplicas). The two share an Evaluations store:
+// KEDA ScaledObjects and HorizontalPodAutoscalers (Bounds, DesiredReplicas),
+// and workloads without an autoscaler. The two share an Evaluations store:
 // the evaluator remembers each policy's last evaluation there and triggers
 // the policy reconciler whenever the outcome changes.
 //
@@ -33,6 +34,13 @@
 //     Replicas (replicas.go), with managedfields.go reading server-side
 //     apply's bookkeeping; consumers.go
 //     does the I/O (reads, applies, lets go), scale.go reads scale targets.
+//   - workload.go: pure planning for workloads without an autoscaler
+//     (scaleTargetRef consumers: planWorkload, planWorkloadRelease, the
+//     refusal of a workload an autoscaler scales); workload_consumers.go
+//     does their I/O through the scale subresource.
+//   - admission.go: the validating admission webhook (ReplicasValidator),
+//     served by every replica from its cache, which refuses a change above a
+//     consumer's bound with a message that says why.
 //   - signals.go and prometheus.go: the Prometheus signal (the Signals store
 //     and the querier); limitedby.go the bounds of a fleet without the library.
 //   - options.go: Options and their defaults; metrics.go: the metrics.

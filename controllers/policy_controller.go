@@ -85,7 +85,8 @@ type PolicyReconciler struct {
 // +kubebuilder:rbac:groups=spillway.dev,resources=dependencypolicies/finalizers,verbs=update
 // +kubebuilder:rbac:groups=keda.sh,resources=scaledobjects,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups=apps,resources=deployments/scale;statefulsets/scale,verbs=get
+// +kubebuilder:rbac:groups=apps,resources=deployments/scale;statefulsets/scale;replicasets/scale,verbs=get;update
+// +kubebuilder:rbac:groups=apps,resources=deployments;statefulsets;replicasets,verbs=get;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetupWithManager fills the reconciler's defaults, registers the field
@@ -139,6 +140,13 @@ func (r *PolicyReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 		Named("dependencypolicy")
 	if scaledObjects {
 		b = b.Watches(&kedav1alpha1.ScaledObject{}, r.scaledObjectHandler())
+	}
+	workloads, err := r.boundWorkloadSources(mgr)
+	if err != nil {
+		return err
+	}
+	for _, src := range workloads {
+		b = b.WatchesRawSource(src)
 	}
 	c, err := b.Build(r)
 	if err != nil {
@@ -217,7 +225,8 @@ func (r *PolicyReconciler) reconcile(ctx context.Context, pol *spillwayv1alpha1.
 		return r.reconcileInvalid(pol, obs, err)
 	}
 	obs.Params = params
-	obs.Consumers = r.reconcileConsumers(ctx, pol, params, obs.state(pol), obs.limit(pol))
+	obs.Consumers, obs.Workloads = r.reconcileConsumers(ctx, pol, params, obs.state(pol), obs.limit(pol))
+	obs.WorkloadsKnown = true
 
 	// Periodic runs and retries go after the work the evaluator triggers and
 	// ScaledObject changes: a transition's pins and status come first.
@@ -263,6 +272,10 @@ type observed struct {
 	Params  policy.Params
 	// Consumers has one result per consumer, as reconcileConsumers returns.
 	Consumers []consumerResult
+	// Workloads are the workloads without an autoscaler to record in
+	// status, when WorkloadsKnown (the consumers were reconciled).
+	Workloads      []workloadRef
+	WorkloadsKnown bool
 	// Deleting: the policy is being deleted. ReleaseErr is why its fleet
 	// could not be released in Redis, nil when it was (or was not tried).
 	Deleting   bool

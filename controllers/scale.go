@@ -72,41 +72,50 @@ func (r *PolicyReconciler) getScale(ctx context.Context, so autoscaler) (int32, 
 	if name == "" {
 		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("the %s has no scaleTargetRef", so.kind().Kind)}
 	}
-	if apiVersion == "" {
-		apiVersion = "apps/v1"
+	scale, res := r.readScaleOf(ctx, so.GetNamespace(), targetRef(apiVersion, kind, name))
+	if res != nil {
+		return 0, res
 	}
-	if kind == "" {
-		kind = "Deployment"
-	}
-	gv, err := schema.ParseGroupVersion(apiVersion)
+	return scaleReplicas(scale), nil
+}
+
+// scaleReplicas is a Scale's spec.replicas.
+func scaleReplicas(scale *unstructured.Unstructured) int32 {
+	replicas, _, _ := unstructured.NestedInt64(scale.Object, "spec", "replicas")
+	return int32(min(max(replicas, 0), math.MaxInt32))
+}
+
+// readScaleOf reads the scale subresource (an autoscaling/v1 Scale) of the
+// workload ref in namespace and says what went wrong when it cannot.
+func (r *PolicyReconciler) readScaleOf(ctx context.Context, namespace string, ref workloadRef) (*unstructured.Unstructured, *consumerResult) {
+	gv, err := schema.ParseGroupVersion(ref.APIVersion)
 	if err != nil {
-		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("invalid scaleTargetRef.apiVersion %q: %v", apiVersion, err)}
+		return nil, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("invalid apiVersion %q: %v", ref.APIVersion, err)}
 	}
-	gvk := gv.WithKind(kind)
+	gvk := gv.WithKind(ref.Kind)
 	target := &unstructured.Unstructured{}
 	target.SetGroupVersionKind(gvk)
-	target.SetNamespace(so.GetNamespace())
-	target.SetName(name)
+	target.SetNamespace(namespace)
+	target.SetName(ref.Name)
 	scale := &unstructured.Unstructured{}
 	scale.SetGroupVersionKind(schema.GroupVersionKind{Group: "autoscaling", Version: "v1", Kind: "Scale"})
 	err = r.Client.SubResource("scale").Get(ctx, target, scale)
-	what := fmt.Sprintf("%s %s (%s)", kind, name, apiVersion)
+	what := ref.describe()
 	switch {
 	case err == nil:
-		replicas, _, _ := unstructured.NestedInt64(scale.Object, "spec", "replicas")
-		return int32(min(max(replicas, 0), math.MaxInt32)), nil
+		return scale, nil
 	case meta.IsNoMatchError(err):
-		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("scale target %s: the kind is not served by the API server", what)}
+		return nil, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("scale target %s: the kind is not served by the API server", what)}
 	case apierrors.IsNotFound(err), apierrors.IsForbidden(err), apierrors.IsMethodNotSupported(err):
 		if has, derr := r.hasScaleSubresource(gvk); derr == nil && !has {
-			return 0, &consumerResult{Reason: ReasonNoScaleSubresource, Message: fmt.Sprintf("scale target %s has no scale subresource", what)}
+			return nil, &consumerResult{Reason: ReasonNoScaleSubresource, Message: fmt.Sprintf("scale target %s has no scale subresource", what)}
 		}
 		if apierrors.IsForbidden(err) {
-			return 0, &consumerResult{Reason: ReasonScaleTargetForbidden, Message: fmt.Sprintf("scale target %s: the controller may not read its scale subresource: %v", what, err)}
+			return nil, &consumerResult{Reason: ReasonScaleTargetForbidden, Message: fmt.Sprintf("scale target %s: the controller may not read its scale subresource: %v", what, err)}
 		}
-		return 0, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("scale target %s not found", what)}
+		return nil, &consumerResult{Reason: ReasonScaleTargetNotFound, Message: fmt.Sprintf("scale target %s not found", what)}
 	}
-	return 0, &consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to read the scale of %s: %v", what, err)}
+	return nil, &consumerResult{Reason: ReasonAPIError, Message: fmt.Sprintf("failed to read the scale of %s: %v", what, err)}
 }
 
 // hasScaleSubresource asks discovery whether gvk's resource has a scale

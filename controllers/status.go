@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"slices"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -70,6 +71,12 @@ func updateStatus(pol *spillwayv1alpha1.DependencyPolicy, obs *observed) {
 		pol.Status.ObservedGeneration = pol.Generation
 	}
 
+	if obs.WorkloadsKnown {
+		pol.Status.Workloads = nil
+		for _, w := range obs.Workloads {
+			pol.Status.Workloads = append(pol.Status.Workloads, w.spec())
+		}
+	}
 	state := wireState(pol.Status.State)
 	consumers := consumersBoundedCondition(obs.Consumers)
 	setCondition(pol, consumers)
@@ -127,6 +134,7 @@ func statusDue(old, cur spillwayv1alpha1.DependencyPolicyStatus, now time.Time, 
 		old.RampCeiling != cur.RampCeiling,
 		old.ObservedGeneration != cur.ObservedGeneration,
 		!timesEqual(old.LastTransitionTime, cur.LastTransitionTime),
+		!slices.Equal(old.Workloads, cur.Workloads),
 		!conditionsEqual(old.Conditions, cur.Conditions):
 		return true
 	}

@@ -54,14 +54,17 @@ type DependencyPolicySpec struct {
 	// +optional
 	Backoff Backoff `json:"backoff,omitempty"`
 
-	// consumers are the autoscalers, in this policy's namespace, whose
-	// workloads call the dependency: KEDA ScaledObjects and autoscaling/v2
-	// HorizontalPodAutoscalers. The controller bounds their maximum replicas
-	// to the dependency's capacity and pins their minimum during outages.
-	// +listType=map
-	// +listMapKey=scaledObjectName
-	// +listMapKey=horizontalPodAutoscalerName
+	// consumers are the workloads, in this policy's namespace, that call the
+	// dependency, each named by its autoscaler (a KEDA ScaledObject or an
+	// autoscaling/v2 HorizontalPodAutoscaler) or, when no autoscaler scales
+	// it, by itself (scaleTargetRef). The controller bounds an autoscaler's
+	// maximum replicas to the dependency's capacity and pins its minimum
+	// during outages; it scales a workload without an autoscaler down to the
+	// bound. Each consumer appears once. The list is atomic: a scaleTargetRef
+	// cannot be a list-map key, so one field manager owns the whole list.
+	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:XValidation:rule="self.all(x, self.exists_one(y, y.scaledObjectName == x.scaledObjectName && y.horizontalPodAutoscalerName == x.horizontalPodAutoscalerName && (has(y.scaleTargetRef) ? y.scaleTargetRef.kind + '/' + y.scaleTargetRef.name : '') == (has(x.scaleTargetRef) ? x.scaleTargetRef.kind + '/' + x.scaleTargetRef.name : '')))",message="each consumer appears once: two consumers name the same ScaledObject, HorizontalPodAutoscaler or scaleTargetRef kind and name"
 	// +optional
 	Consumers []Consumer `json:"consumers,omitempty"`
 
@@ -342,15 +345,18 @@ type Backoff struct {
 	Jitter JitterMode `json:"jitter,omitempty"`
 }
 
-// Consumer is an autoscaler whose workload calls the dependency: a KEDA
-// ScaledObject (scaledObjectName) or an autoscaling/v2
-// HorizontalPodAutoscaler (horizontalPodAutoscalerName), exactly one of them.
-// Spillway bounds a ScaledObject's spec.maxReplicaCount and pins its
-// spec.minReplicaCount; an HPA's spec.maxReplicas and spec.minReplicas. An
-// HPA that KEDA made for a ScaledObject (keda-hpa-*) cannot be a consumer:
-// name the ScaledObject instead.
+// Consumer is a workload that calls the dependency, named by exactly one of:
+// its KEDA ScaledObject (scaledObjectName), its autoscaling/v2
+// HorizontalPodAutoscaler (horizontalPodAutoscalerName), or, for a workload
+// whose replicas a person, a GitOps manifest or a CI job sets, the workload
+// itself (scaleTargetRef). Spillway bounds a ScaledObject's
+// spec.maxReplicaCount and pins its spec.minReplicaCount; an HPA's
+// spec.maxReplicas and spec.minReplicas; a workload's replicas, through its
+// scale subresource. An HPA that KEDA made for a ScaledObject (keda-hpa-*)
+// cannot be a consumer: name the ScaledObject instead. Nor can a workload
+// that an HPA or a ScaledObject scales: name the autoscaler instead.
 //
-// +kubebuilder:validation:XValidation:rule="(has(self.scaledObjectName) && size(self.scaledObjectName) > 0) != (has(self.horizontalPodAutoscalerName) && size(self.horizontalPodAutoscalerName) > 0)",message="a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"
+// +kubebuilder:validation:XValidation:rule="[has(self.scaledObjectName) && size(self.scaledObjectName) > 0, has(self.horizontalPodAutoscalerName) && size(self.horizontalPodAutoscalerName) > 0, has(self.scaleTargetRef)].filter(b, b).size() == 1",message="a consumer names exactly one of scaledObjectName, horizontalPodAutoscalerName and scaleTargetRef"
 type Consumer struct {
 	// scaledObjectName is the name of a KEDA ScaledObject in the policy's
 	// namespace. Unique within the list. Empty (the default) when the
@@ -371,6 +377,17 @@ type Consumer struct {
 	// +optional
 	HorizontalPodAutoscalerName string `json:"horizontalPodAutoscalerName,omitempty"`
 
+	// scaleTargetRef names a workload in the policy's namespace that no
+	// autoscaler scales and that has a scale subresource: a Deployment, a
+	// StatefulSet, a ReplicaSet or a custom resource such as an Argo
+	// Rollout, in the shape of an HPA's scaleTargetRef. Spillway scales it
+	// down to the bound through its scale subresource, records its own
+	// replicas in the spillway.dev/original-replicas annotation and puts them
+	// back when the consumer leaves the policy. Absent when the consumer is a
+	// ScaledObject or an HPA.
+	// +optional
+	ScaleTargetRef *ScaleTargetRef `json:"scaleTargetRef,omitempty"`
+
 	// slotsPerReplica is the number of concurrent calls one replica of the
 	// workload makes to the dependency, at most 10000. Defaults to 1.
 	// +kubebuilder:default=1
@@ -389,8 +406,9 @@ type Consumer struct {
 
 	// limitedBy is how the workload's calls are held to the dependency's
 	// limit: Library when its workers use the Spillway library (the bound on
-	// its maximum replicas, a ScaledObject's maxReplicaCount or an HPA's
-	// maxReplicas, is the consumer's share of the capacity), or
+	// its replicas, a ScaledObject's maxReplicaCount, an HPA's maxReplicas
+	// or a scaleTargetRef's replicas, is the consumer's share of the
+	// capacity), or
 	// Replicas when they do not, so the bound follows the limit in force (the
 	// ramp step while Ramping, the first step while Open or HalfOpen) and the
 	// workload's concurrency follows the ramp through its replica count.
@@ -398,6 +416,33 @@ type Consumer struct {
 	// +kubebuilder:default=Library
 	// +optional
 	LimitedBy LimitedBy `json:"limitedBy,omitempty"`
+}
+
+// ScaleTargetRef names a workload with a scale subresource, as an
+// autoscaling/v2 HorizontalPodAutoscaler's spec.scaleTargetRef does.
+type ScaleTargetRef struct {
+	// apiVersion is the workload's API group and version, such as apps/v1
+	// or argoproj.io/v1alpha1. Defaults to apps/v1.
+	// +kubebuilder:default="apps/v1"
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=317
+	// +optional
+	APIVersion string `json:"apiVersion,omitempty"`
+
+	// kind is the workload's kind, such as Deployment, StatefulSet,
+	// ReplicaSet or Rollout.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[A-Z][A-Za-z0-9]*$`
+	// +required
+	Kind string `json:"kind"`
+
+	// name is the workload's name in the policy's namespace.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +required
+	Name string `json:"name"`
 }
 
 // DependencyState is the fleet's state for one dependency, as the controller
@@ -475,6 +520,15 @@ type DependencyPolicyStatus struct {
 	// window is what workers reported over the last breaker window.
 	// +optional
 	Window ObservedWindow `json:"window,omitempty"`
+
+	// workloads are the workloads without an autoscaler (scaleTargetRef
+	// consumers) whose replicas the controller may have lowered: those the
+	// spec names, and those it has not yet given their replicas back after
+	// they left the spec. The controller finds them here to let go of them.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	Workloads []ScaleTargetRef `json:"workloads,omitempty"`
 
 	// conditions are Ready, BreakerOpen, Ramping, ConsumersBounded,
 	// SignalsHealthy when the policy names a Prometheus signal and, while the

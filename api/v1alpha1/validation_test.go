@@ -300,7 +300,7 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 	}, {
 		name: "duplicate consumers",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: workers}\n- {scaledObjectName: workers, weight: 2}",
-		want: []string{"spec.consumers[1]", "Duplicate value"},
+		want: []string{"spec.consumers", "each consumer appears once"},
 	}, {
 		name: "consumer slotsPerReplica 0",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: workers, slotsPerReplica: 0}",
@@ -360,19 +360,35 @@ func TestInvalidPoliciesAreRejected(t *testing.T) {
 	}, {
 		name: "consumer naming nothing",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {weight: 2}",
-		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"},
+		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName, horizontalPodAutoscalerName and scaleTargetRef"},
 	}, {
 		name: "consumer naming both a ScaledObject and an HPA",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: workers, horizontalPodAutoscalerName: workers}",
-		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"},
+		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName, horizontalPodAutoscalerName and scaleTargetRef"},
 	}, {
 		name: "consumer with empty names",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaledObjectName: '', horizontalPodAutoscalerName: ''}",
-		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName and horizontalPodAutoscalerName"},
+		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName, horizontalPodAutoscalerName and scaleTargetRef"},
 	}, {
 		name: "duplicate HPA consumers",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {horizontalPodAutoscalerName: workers}\n- {horizontalPodAutoscalerName: workers, weight: 2}",
-		want: []string{"spec.consumers[1]", "Duplicate value"},
+		want: []string{"spec.consumers", "each consumer appears once"},
+	}, {
+		name: "duplicate scaleTargetRef consumers",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaleTargetRef: {kind: Deployment, name: workers}}\n- {scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: workers}, weight: 2}",
+		want: []string{"spec.consumers", "each consumer appears once"},
+	}, {
+		name: "consumer naming an HPA and a scaleTargetRef",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {horizontalPodAutoscalerName: workers, scaleTargetRef: {kind: Deployment, name: workers}}",
+		want: []string{"spec.consumers[0]", "a consumer names exactly one of scaledObjectName, horizontalPodAutoscalerName and scaleTargetRef"},
+	}, {
+		name: "scaleTargetRef without a kind",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaleTargetRef: {name: workers}}",
+		want: []string{"spec.consumers[0].scaleTargetRef.kind", "Required value"},
+	}, {
+		name: "scaleTargetRef name not a DNS name",
+		spec: "capacity: {concurrency: 40}\nconsumers:\n- {scaleTargetRef: {kind: Deployment, name: Render_Workers}}",
+		want: []string{"spec.consumers[0].scaleTargetRef.name", "should match"},
 	}, {
 		name: "consumer horizontalPodAutoscalerName not a DNS name",
 		spec: "capacity: {concurrency: 40}\nconsumers:\n- {horizontalPodAutoscalerName: Report_Workers}",
@@ -663,14 +679,14 @@ consumers:
 - {scaledObjectName: a, weight: 1000, slotsPerReplica: 10000}
 - {scaledObjectName: b, weight: 1000, slotsPerReplica: 10000}
 - {scaledObjectName: c, weight: 1000, slotsPerReplica: 10000}
-- {horizontalPodAutoscalerName: d, weight: 1000, slotsPerReplica: 10000}`
+- {horizontalPodAutoscalerName: d, weight: 1000, slotsPerReplica: 10000}
+- {scaleTargetRef: {apiVersion: argoproj.io/v1alpha1, kind: Rollout, name: e}, weight: 1000, slotsPerReplica: 10000}`
 	g.Expect(env.Client.Create(t.Context(), policyFromSpec(t, ns, "maxima", spec))).To(Succeed())
 }
 
-// A ScaledObject and an HPA may share a name: they are different objects,
-// and the list's keys are both names. A manifest written before HPAs could
-// be consumers, naming only scaledObjectName, reads back the same, with the
-// HPA's name empty.
+// A ScaledObject and an HPA may share a name: they are different objects.
+// A manifest written before HPAs could be consumers, naming only
+// scaledObjectName, reads back the same, with the HPA's name empty.
 func TestConsumersOfBothKinds(t *testing.T) {
 	g := NewWithT(t)
 	ns := newNamespace(t)
@@ -689,14 +705,17 @@ consumers:
 		{HorizontalPodAutoscalerName: "workers", SlotsPerReplica: 1, Weight: 3, LimitedBy: spillwayv1alpha1.LimitedByLibrary},
 	}))
 
-	// Server-side apply merges the list by both names: a second manager
-	// adding an HPA consumer keeps the first manager's ScaledObject.
-	add := policyFromSpec(t, ns, "both", "capacity: {concurrency: 40}\nconsumers:\n- {horizontalPodAutoscalerName: reports}")
+	// The list is atomic (a scaleTargetRef, a struct, cannot be a list-map
+	// key): a second manager's apply of another list conflicts with the
+	// first manager's, instead of silently dropping its consumers, and,
+	// forced, replaces the whole list.
+	add := policyFromSpec(t, ns, "both", "capacity: {concurrency: 40}\nconsumers:\n- {horizontalPodAutoscalerName: reports}\n- {scaleTargetRef: {kind: Deployment, name: workers}}")
+	err := env.Client.Apply(t.Context(), client.ApplyConfigurationFromUnstructured(add), client.FieldOwner("second"))
+	g.Expect(apierrors.IsConflict(err)).To(BeTrue(), "want a conflict over spec.consumers, got %v", err)
 	g.Expect(env.Client.Apply(t.Context(), client.ApplyConfigurationFromUnstructured(add), client.FieldOwner("second"), client.ForceOwnership)).To(Succeed())
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(pol), &got)).To(Succeed())
-	var names []string
-	for _, c := range got.Spec.Consumers {
-		names = append(names, c.ScaledObjectName+"|"+c.HorizontalPodAutoscalerName)
-	}
-	g.Expect(names).To(ConsistOf("workers|", "|workers", "|reports"))
+	g.Expect(got.Spec.Consumers).To(Equal([]spillwayv1alpha1.Consumer{
+		{HorizontalPodAutoscalerName: "reports", SlotsPerReplica: 1, Weight: 1, LimitedBy: spillwayv1alpha1.LimitedByLibrary},
+		{ScaleTargetRef: &spillwayv1alpha1.ScaleTargetRef{APIVersion: "apps/v1", Kind: "Deployment", Name: "workers"}, SlotsPerReplica: 1, Weight: 1, LimitedBy: spillwayv1alpha1.LimitedByLibrary},
+	}), "the scaleTargetRef's apiVersion defaults to apps/v1")
 }

@@ -34,8 +34,9 @@ type options struct {
 	statusInterval          time.Duration
 	maxConcurrentReconciles int
 
-	redis redisOptions
-	zap   zap.Options
+	redis   redisOptions
+	webhook webhookOptions
+	zap     zap.Options
 }
 
 // redisOptions say how to reach Redis.
@@ -125,6 +126,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		"File holding the sentinels' password, with --redis-sentinel-master (mount it from a Secret). Read at start-up: restart the manager after rotating it.")
 	fs.DurationVar(&o.redis.timeout, "redis-timeout", 500*time.Millisecond,
 		"Bound on each Redis operation, so an unreachable Redis never holds up other policies.")
+	o.webhook.bindFlags(fs)
 	o.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return options{}, err

@@ -82,6 +82,18 @@ func TestParseFlags(t *testing.T) {
 		{name: "renew deadline not under the lease", args: []string{"--leader-election-renew-deadline=15s"}, wantErr: "lease-duration (15s) > --leader-election-renew-deadline (15s)"},
 		{name: "retry period too long for the renew deadline", args: []string{"--leader-election-retry-period=9s"}, wantErr: "> 1.2 x --leader-election-retry-period (9s)"},
 		{name: "zero retry period", args: []string{"--leader-election-retry-period=0s"}, wantErr: "retry-period (0s) > 0"},
+		{name: "the webhook is off unless asked for", check: func(t *testing.T, o options) {
+			if o.webhook.enabled || o.webhook.port != 9443 || !o.webhook.rotate || o.webhook.secret != "spillway-webhook-server-cert" ||
+				o.webhook.service != "spillway-webhook-service" || o.webhook.config != "spillway-validating-webhook-configuration" {
+				t.Errorf("webhook options = %+v", o.webhook)
+			}
+		}},
+		{name: "the chart's webhook flags", args: []string{"--webhook", "--webhook-port=9444", "--webhook-cert-rotation=false",
+			"--webhook-cert-dir=/certs", "--webhook-namespace=ops"}, check: func(t *testing.T, o options) {
+			if !o.webhook.enabled || o.webhook.port != 9444 || o.webhook.rotate || o.webhook.certDir != "/certs" || o.webhook.namespace != "ops" {
+				t.Errorf("webhook options = %+v", o.webhook)
+			}
+		}},
 		{name: "leader election can be turned off", args: []string{"--leader-elect=false"}, check: func(t *testing.T, o options) {
 			if o.leaderElect {
 				t.Error("leaderElect = true")

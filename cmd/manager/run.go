@@ -72,6 +72,7 @@ func run(ctx context.Context, o options) error {
 		LeaseDuration:                 &o.leaseDuration,
 		RenewDeadline:                 &o.renewDeadline,
 		RetryPeriod:                   &o.retryPeriod,
+		WebhookServer:                 o.webhook.server(o.enableHTTP2),
 	})
 	if err != nil {
 		return fmt.Errorf("failed to create the manager: %w", err)
@@ -100,6 +101,10 @@ func run(ctx context.Context, o options) error {
 	reconciler := &controllers.PolicyReconciler{Redis: rdb, Evaluations: evaluations, Options: opts}
 	if err := reconciler.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("failed to set up the DependencyPolicy controller: %w", err)
+	}
+
+	if err := setupWebhook(mgr, o.webhook); err != nil {
+		return err
 	}
 
 	log.Info("Starting the manager", "redis", o.redis.addrs, "redisCluster", o.redis.cluster,

@@ -1,7 +1,9 @@
 // Command chartgen writes the Helm chart's generated templates from the
 // manifests controller-gen writes into config/: the CustomResourceDefinition
-// (config/crd/bases, into charts/spillway/templates/crds/) and the manager's
-// ClusterRole (config/rbac/role.yaml, into charts/spillway/templates/rbac/).
+// (config/crd/bases, into charts/spillway/templates/crds/), the manager's
+// ClusterRole (config/rbac/role.yaml, into charts/spillway/templates/rbac/)
+// and the validating webhook's configuration (config/webhook/manifests.yaml,
+// into charts/spillway/templates/webhook/).
 // `make manifests` runs it after controller-gen, so the chart and config/
 // never drift; test/helm checks that they do not.
 //
@@ -45,8 +47,58 @@ func generate(root string) error {
 			return err
 		}
 	}
-	return transform(root, filepath.Join(root, "config", "rbac", "role.yaml"),
-		filepath.Join(chart, "rbac", "manager-role.yaml"), roleTemplate)
+	if err := transform(root, filepath.Join(root, "config", "rbac", "role.yaml"),
+		filepath.Join(chart, "rbac", "manager-role.yaml"), roleTemplate); err != nil {
+		return err
+	}
+	return transform(root, filepath.Join(root, "config", "webhook", "manifests.yaml"),
+		filepath.Join(chart, "webhook", "validating-webhook-configuration.yaml"), webhookTemplate)
+}
+
+// webhookTemplate turns config/webhook/manifests.yaml into a chart template:
+// rendered only with webhook.enabled, named after the release, calling the
+// release's webhook Service, with the timeout from the values and, with
+// webhook.certManager.enabled, cert-manager's CA injection.
+func webhookTemplate(in []byte) ([]byte, error) {
+	body, err := prepare(stripComments(in))
+	if err != nil {
+		return nil, err
+	}
+	replace := []struct{ old, new string }{
+		{"metadata:\n  name: validating-webhook-configuration\n", "metadata:\n" +
+			"  name: {{ include \"spillway.fullname\" . }}-validating-webhook-configuration\n" +
+			"  labels:\n" +
+			"    {{- include \"spillway.labels\" . | nindent 4 }}\n" +
+			"  {{- if .Values.webhook.certManager.enabled }}\n" +
+			"  annotations:\n" +
+			"    cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/{{ include \"spillway.fullname\" . }}-webhook-server-cert\n" +
+			"  {{- end }}\n"},
+		{"      name: webhook-service\n      namespace: system\n", "      name: {{ include \"spillway.fullname\" . }}-webhook-service\n      namespace: {{ .Release.Namespace }}\n"},
+		{"  timeoutSeconds: 2\n", "  timeoutSeconds: {{ .Values.webhook.timeoutSeconds }}\n"},
+	}
+	for i, r := range replace {
+		if !strings.Contains(body, r.old) {
+			return nil, fmt.Errorf("want %q in the webhook configuration", r.old)
+		}
+		if i == 0 && strings.Count(body, r.old) != 1 {
+			return nil, fmt.Errorf("want one %q in the webhook configuration", r.old)
+		}
+		body = strings.ReplaceAll(body, r.old, r.new)
+	}
+	return []byte("{{- if .Values.webhook.enabled }}\n" + body + "{{- end }}\n"), nil
+}
+
+// stripComments drops the leading comment lines of a manifest: the chart's
+// header says where it comes from.
+func stripComments(in []byte) []byte {
+	for bytes.HasPrefix(in, []byte("#")) {
+		i := bytes.IndexByte(in, '\n')
+		if i < 0 {
+			return nil
+		}
+		in = in[i+1:]
+	}
+	return in
 }
 
 // transform writes dst, the template fn makes of src.

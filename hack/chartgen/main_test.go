@@ -19,7 +19,7 @@ func TestChartTemplatesAreCurrent(t *testing.T) {
 	scratch := t.TempDir()
 	sources, err := filepath.Glob(filepath.Join(repo, "config", "crd", "bases", "*.yaml"))
 	g.Expect(err).NotTo(HaveOccurred())
-	sources = append(sources, filepath.Join(repo, "config", "rbac", "role.yaml"))
+	sources = append(sources, filepath.Join(repo, "config", "rbac", "role.yaml"), filepath.Join(repo, "config", "webhook", "manifests.yaml"))
 	for _, src := range sources {
 		rel, err := filepath.Rel(repo, src)
 		g.Expect(err).NotTo(HaveOccurred())

@@ -191,6 +191,8 @@ func consumersCell(cs []Consumer, wide bool) string {
 	for _, c := range cs {
 		var s string
 		switch {
+		case c.Bound && c.Workload:
+			s = fmt.Sprintf("replicas %d", deref(c.MaxReplicas))
 		case c.Bound:
 			s = fmt.Sprintf("max %d", deref(c.MaxReplicas))
 			if c.PinnedMinReplicas != nil {
@@ -216,6 +218,12 @@ func kindAbbrev(kind string) string {
 		return "so"
 	case "HorizontalPodAutoscaler":
 		return "hpa"
+	case "Deployment":
+		return "deploy"
+	case "StatefulSet":
+		return "sts"
+	case "ReplicaSet":
+		return "rs"
 	}
 	return strings.ToLower(kind)
 }

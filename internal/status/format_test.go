@@ -12,6 +12,7 @@ import (
 	. "github.com/onsi/gomega"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
@@ -150,8 +151,13 @@ func TestConsumersWide(t *testing.T) {
 		spillwayv1alpha1.Consumer{ScaledObjectName: "render"},
 		spillwayv1alpha1.Consumer{ScaledObjectName: "other"},
 		spillwayv1alpha1.Consumer{ScaledObjectName: "gone"},
-		spillwayv1alpha1.Consumer{HorizontalPodAutoscalerName: "h"})
+		spillwayv1alpha1.Consumer{HorizontalPodAutoscalerName: "h"},
+		spillwayv1alpha1.Consumer{ScaleTargetRef: &spillwayv1alpha1.ScaleTargetRef{Kind: "Deployment", Name: "mailer"}},
+		spillwayv1alpha1.Consumer{ScaleTargetRef: &spillwayv1alpha1.ScaleTargetRef{Kind: "StatefulSet", Name: "gone"}})
+	mailer := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"replicas": int64(10)}}}
+	mailer.SetAnnotations(map[string]string{controllers.AnnotationOwner: "template-api"})
 	row := FromCluster(pol, Autoscalers{
+		Workloads: map[string]*unstructured.Unstructured{"Deployment/mailer": mailer},
 		ScaledObjects: map[string]*kedav1alpha1.ScaledObject{
 			"render": so("render", 20, map[string]string{controllers.AnnotationOwner: "template-api"}),
 			"other":  so("other", 7, map[string]string{controllers.AnnotationOwner: "payments"}),
@@ -159,7 +165,7 @@ func TestConsumersWide(t *testing.T) {
 		HPAs: map[string]*autoscalingv2.HorizontalPodAutoscaler{"h": {ObjectMeta: metav1.ObjectMeta{Name: "h"}}},
 	})
 	g.Expect(consumersCell(row.Consumers, true)).To(Equal(
-		"so/render max 20, so/other bound by policy payments, so/gone not found, hpa/h not bound"))
+		"so/render max 20, so/other bound by policy payments, so/gone not found, hpa/h not bound, deploy/mailer replicas 10, sts/gone not found"))
 }
 
 // TestWrite: the table's header and the Redis note, and JSON and YAML that

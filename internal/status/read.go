@@ -14,6 +14,7 @@ import (
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
@@ -100,6 +101,12 @@ func (r *Reader) autoscalers(ctx context.Context, pol *spillwayv1alpha1.Dependen
 		HPAs:          map[string]*autoscalingv2.HorizontalPodAutoscaler{},
 	}
 	for _, c := range pol.Spec.Consumers {
+		if ref := c.ScaleTargetRef; ref != nil {
+			if err := r.workload(ctx, pol.Namespace, ref, &as); err != nil {
+				return Autoscalers{}, err
+			}
+			continue
+		}
 		var (
 			obj    client.Object
 			name   string
@@ -129,6 +136,29 @@ func (r *Reader) autoscalers(ctx context.Context, pol *spillwayv1alpha1.Dependen
 		}
 	}
 	return as, nil
+}
+
+// workload gets a scaleTargetRef consumer's workload into as.
+func (r *Reader) workload(ctx context.Context, namespace string, ref *spillwayv1alpha1.ScaleTargetRef, as *Autoscalers) error {
+	if as.Workloads == nil {
+		as.Workloads, as.WorkloadErrs = map[string]*unstructured.Unstructured{}, map[string]error{}
+	}
+	key := ref.Kind + "/" + ref.Name
+	apiVersion := cmp.Or(ref.APIVersion, "apps/v1")
+	w := &unstructured.Unstructured{}
+	w.SetAPIVersion(apiVersion)
+	w.SetKind(ref.Kind)
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, w)
+	switch {
+	case err == nil:
+		as.Workloads[key] = w
+	case apierrors.IsNotFound(err):
+	case ctx.Err() != nil:
+		return fmt.Errorf("failed to read the consumers in %s: %w", namespace, ctx.Err())
+	default:
+		as.WorkloadErrs[key] = err
+	}
+	return nil
 }
 
 // withRedis adds to row what Redis holds for its policy.

@@ -22,6 +22,7 @@ import (
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/duration"
 
 	spillwayv1alpha1 "github.com/spillway-dev/spillway/api/v1alpha1"
@@ -79,11 +80,17 @@ type Condition struct {
 	Message string                 `json:"message,omitempty"`
 }
 
-// Consumer is one consumer's autoscaler as Spillway left it.
+// Consumer is one consumer's autoscaler, or its workload when no autoscaler
+// scales it, as Spillway left it.
 type Consumer struct {
-	// Kind is ScaledObject or HorizontalPodAutoscaler; Name its name.
+	// Kind is ScaledObject or HorizontalPodAutoscaler, or the workload's
+	// kind (Deployment, StatefulSet, ...) for a scaleTargetRef consumer;
+	// Name its name.
 	Kind string `json:"kind"`
 	Name string `json:"name"`
+	// Workload: the consumer is a workload without an autoscaler, and
+	// MaxReplicas is its live spec.replicas.
+	Workload bool `json:"workload,omitempty"`
 	// Bound is whether the autoscaler carries this policy's owner
 	// annotation, that is whether Spillway bounds it.
 	Bound bool `json:"bound"`
@@ -157,6 +164,10 @@ type Autoscalers struct {
 	HPAs          map[string]*autoscalingv2.HorizontalPodAutoscaler
 	// ScaledObjectsErr and HPAsErr are why the kind could not be read.
 	ScaledObjectsErr, HPAsErr error
+	// Workloads are the scaleTargetRef consumers' workloads, by
+	// "Kind/name"; WorkloadErrs why one could not be read.
+	Workloads    map[string]*unstructured.Unstructured
+	WorkloadErrs map[string]error
 }
 
 // FromCluster is the cluster's part of pol's row: its status, conditions
@@ -212,6 +223,19 @@ func (r Row) Explanation() *Condition {
 
 // consumer is how Spillway left c's autoscaler.
 func consumer(policyName string, c spillwayv1alpha1.Consumer, as Autoscalers) Consumer {
+	if ref := c.ScaleTargetRef; ref != nil {
+		out := Consumer{Kind: ref.Kind, Name: ref.Name, Workload: true}
+		key := ref.Kind + "/" + ref.Name
+		w, ok := as.Workloads[key]
+		if !ok {
+			return describe(out, policyName, nil, nil, as.WorkloadErrs[key], ref.Kind)
+		}
+		var replicas *int32
+		if n, found, _ := unstructured.NestedInt64(w.Object, "spec", "replicas"); found {
+			replicas = ptr(int32(n))
+		}
+		return describe(out, policyName, w, replicas, nil, "")
+	}
 	if c.ScaledObjectName != "" {
 		out := Consumer{Kind: "ScaledObject", Name: c.ScaledObjectName}
 		so, ok := as.ScaledObjects[c.ScaledObjectName]

@@ -43,13 +43,13 @@ func TestTemplateServerSideDryRun(t *testing.T) {
 	// What each values file must render, besides what every one does.
 	want := map[string]struct{ present, absent []string }{
 		"default": {
-			present: []string{"CustomResourceDefinition", "PodDisruptionBudget", "Service", "ServiceAccount", "Role"},
+			present: []string{"CustomResourceDefinition", "PodDisruptionBudget", "Service", "ServiceAccount", "Role", "ValidatingWebhookConfiguration", "Secret"},
 			absent:  []string{"ServiceMonitor"},
 		},
 		"sentinel-values.yaml":    {present: []string{"ServiceMonitor", "CustomResourceDefinition"}},
 		"cluster-tls-values.yaml": {present: []string{"ServiceMonitor", "PodDisruptionBudget"}},
 		"single-replica-values.yaml": {
-			absent: []string{"CustomResourceDefinition", "PodDisruptionBudget", "Service", "ServiceAccount", "Role", "ServiceMonitor"},
+			absent: []string{"CustomResourceDefinition", "PodDisruptionBudget", "Service", "ServiceAccount", "Role", "ServiceMonitor", "ValidatingWebhookConfiguration"},
 		},
 	}
 	for _, file := range valuesFiles(t) {
@@ -211,6 +211,14 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		name: "both PodDisruptionBudget bounds",
 		args: []string{"--set", "podDisruptionBudget.minAvailable=1", "--set", "podDisruptionBudget.maxUnavailable=1"},
 		want: []string{"podDisruptionBudget: set minAvailable or maxUnavailable, not both"},
+	}, {
+		name: "webhook timeout above the API server's 30s",
+		args: []string{"--set", "webhook.timeoutSeconds=60"},
+		want: []string{schema, "/webhook/timeoutSeconds", "maximum"},
+	}, {
+		name: "cert-manager issuer of an unknown kind",
+		args: []string{"--set", "webhook.certManager.enabled=true", "--set", "webhook.certManager.issuerRef.name=ca", "--set", "webhook.certManager.issuerRef.kind=Vault"},
+		want: []string{schema, "/webhook/certManager/issuerRef/kind"},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -246,6 +254,62 @@ func TestChartMatchesConfig(t *testing.T) {
 	g.Expect(chartCRD.Object["spec"]).To(Equal(configCRD["spec"]), "the chart's CRD differs from config/crd/bases: run 'make manifests'")
 	configRole := readYAML(t, "config", "rbac", "role.yaml")
 	g.Expect(chartRole.Object["rules"]).To(Equal(configRole["rules"]), "the chart's manager ClusterRole differs from config/rbac/role.yaml: run 'make manifests'")
+
+	// The webhook's configuration: the same webhooks, calling the release's
+	// Service instead of config/'s.
+	var chartWebhook *unstructured.Unstructured
+	for _, u := range objects(t, out) {
+		if u.GetKind() == "ValidatingWebhookConfiguration" {
+			chartWebhook = u
+		}
+	}
+	g.Expect(chartWebhook).NotTo(BeNil(), "the chart renders no ValidatingWebhookConfiguration")
+	g.Expect(chartWebhook.GetName()).To(Equal("spillway-validating-webhook-configuration"))
+	withoutService := func(obj map[string]any) []any {
+		hooks, _ := obj["webhooks"].([]any)
+		for _, h := range hooks {
+			delete(h.(map[string]any)["clientConfig"].(map[string]any), "service")
+		}
+		return hooks
+	}
+	configWebhook := readYAML(t, "config", "webhook", "manifests.yaml")
+	g.Expect(withoutService(chartWebhook.Object)).To(Equal(withoutService(configWebhook)), "the chart's webhooks differ from config/webhook: run 'make manifests'")
+}
+
+// TestWebhookValues renders the webhook with its own certificates (the
+// default) and with cert-manager's.
+func TestWebhookValues(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	kinds := func(args ...string) map[string]*unstructured.Unstructured {
+		out := mustHelm(t, append([]string{"template", "spillway", chartDir(), "--namespace", namespace}, args...)...)
+		m := map[string]*unstructured.Unstructured{}
+		for _, u := range objects(t, out) {
+			m[u.GetKind()+"/"+u.GetName()] = u
+		}
+		return m
+	}
+	own := kinds()
+	g.Expect(own).To(HaveKey("Secret/spillway-webhook-server-cert"), "the rotation needs the Secret to exist")
+	g.Expect(own).To(HaveKey("Role/spillway-webhook-cert"))
+	g.Expect(own).To(HaveKey("Service/spillway-webhook-service"))
+	args := own["Deployment/spillway"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)["args"]
+	g.Expect(args).To(ContainElements("--webhook", "--webhook-cert-rotation=true",
+		"--webhook-cert-secret=spillway-webhook-server-cert", "--webhook-service=spillway-webhook-service",
+		"--webhook-configuration=spillway-validating-webhook-configuration"))
+
+	cm := kinds("--set", "webhook.certManager.enabled=true")
+	g.Expect(cm).NotTo(HaveKey("Secret/spillway-webhook-server-cert"), "cert-manager writes the Secret")
+	g.Expect(cm).To(HaveKey("Certificate/spillway-webhook-server-cert"))
+	g.Expect(cm).To(HaveKey("Issuer/spillway-selfsigned"))
+	g.Expect(cm["ValidatingWebhookConfiguration/spillway-validating-webhook-configuration"].GetAnnotations()).To(
+		HaveKeyWithValue("cert-manager.io/inject-ca-from", namespace+"/spillway-webhook-server-cert"))
+	args = cm["Deployment/spillway"].Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)["args"]
+	g.Expect(args).To(ContainElement("--webhook-cert-rotation=false"))
+
+	off := kinds("--set", "webhook.enabled=false")
+	g.Expect(off).NotTo(HaveKey("ValidatingWebhookConfiguration/spillway-validating-webhook-configuration"))
+	g.Expect(off).NotTo(HaveKey("Service/spillway-webhook-service"))
 }
 
 // readYAML reads a YAML file under the repository's root, as objects reads

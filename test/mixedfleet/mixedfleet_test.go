@@ -1,14 +1,16 @@
-// Package mixedfleet runs Go and Python workers against one dependency at
-// once, each through its own language's guard (pkg/guard, clients/python) and
+// Package mixedfleet runs Go, Python and Node workers against one dependency
+// at once, each through its own language's guard (pkg/guard, clients/python,
+// clients/node) and
 // the same Redis keys and Lua scripts, and checks that they form one fleet:
 // one concurrency limit, one breaker, one retry budget, one set of counters.
 //
 // It lives under test/ beside test/e2e because it is a cross-language
 // contract test, not a test of one package: it needs the Python client and
-// Debian's python3 (hack/setup-python.sh), neither of which a Go package's
-// tests should depend on. The Go workers are this test binary re-executed
-// (TestMain plays the worker when mixedRoleEnv is set), so there is no build
-// step; the Python workers are worker.py.
+// Debian's python3 (hack/setup-python.sh) and the Node client built with its
+// npm modules (make node-test), none of which a Go package's tests should
+// depend on. The Go workers are this test binary re-executed (TestMain plays
+// the worker when mixedRoleEnv is set), so there is no build step; the
+// Python workers are worker.py, the Node workers worker.mjs.
 package mixedfleet
 
 import (
@@ -96,19 +98,26 @@ const dependencyCall = 10 * time.Millisecond
 
 type dependencyServer struct {
 	inFlight, peak atomic.Int64
-	down           atomic.Bool
-	byLang         sync.Map // lang -> *atomic.Int64
-	byPID          sync.Map // the worker's process id (X-PID) -> *atomic.Int64
-	lastArrival    atomic.Int64
+	// stepPeak is the most calls in flight at once since the test last
+	// reset it (a ramp step's peak).
+	stepPeak atomic.Int64
+	down     atomic.Bool
+	// failLang, when set, fails the calls of that language (X-Lang) alone.
+	failLang    atomic.Pointer[string]
+	byLang      sync.Map // lang -> *atomic.Int64
+	byPID       sync.Map // the worker's process id (X-PID) -> *atomic.Int64
+	lastArrival atomic.Int64
 }
 
 func (d *dependencyServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d.lastArrival.Store(time.Now().UnixNano())
 	n := d.inFlight.Add(1)
-	for {
-		p := d.peak.Load()
-		if n <= p || d.peak.CompareAndSwap(p, n) {
-			break
+	for _, peak := range []*atomic.Int64{&d.peak, &d.stepPeak} {
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
 		}
 	}
 	c, _ := d.byLang.LoadOrStore(r.Header.Get("X-Lang"), new(atomic.Int64))
@@ -119,7 +128,7 @@ func (d *dependencyServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	time.Sleep(dependencyCall)
 	d.inFlight.Add(-1)
-	if d.down.Load() {
+	if fail := d.failLang.Load(); d.down.Load() || (fail != nil && *fail == r.Header.Get("X-Lang")) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
 	}

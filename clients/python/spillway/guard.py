@@ -977,7 +977,9 @@ def _check_eviction(rdb, dependency: str, allow: bool, metrics: M.Metrics) -> No
             infos = list(by_node.values()) if isinstance(by_node, dict) and "maxmemory_policy" not in by_node else [by_node]
         else:
             infos = [rdb.info("memory")]
-    except redis.RedisError:
+    except (redis.RedisError,) + _BAD_REPLY:
+        # Not answered, or answered outside the protocol (not Redis, a
+        # proxy): checked no further, and every call then fails closed.
         return
     policies = [str(i.get("maxmemory_policy", "noeviction")) for i in infos if isinstance(i, dict)]
     policy = next((p for p in policies if p != "noeviction"), "noeviction")
