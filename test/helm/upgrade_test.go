@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,7 +54,7 @@ func TestUpgradeFromThePinnedChartWithWorkersCalling(t *testing.T) {
 
 	// The old chart, its manager and two policies.
 	mustHelm(t, append([]string{"install", "spillway", old.Chart}, values...)...)
-	running := managers.StartWith(t, old, "manager-old-1", deployment(t, "spillway").Spec.Template.Spec.Containers[0].Args)
+	running := managers.StartWith(t, old, "manager-old-1", podArgs(deployment(t, "spillway").Spec.Template.Spec.Containers[0].Args))
 	g.Eventually(running.Leads).WithTimeout(60 * time.Second).Should(BeTrue())
 	ramping, steady := upgradePolicy("ramping-api"), upgradePolicy("steady-api")
 	g.Eventually(func() error { return k8s.Create(ctx, ramping) }).WithTimeout(30*time.Second).Should(Succeed(), "the old chart's CRD serves DependencyPolicies")
@@ -108,7 +109,7 @@ func TestUpgradeFromThePinnedChartWithWorkersCalling(t *testing.T) {
 	// the new manager's first publication of it.
 	replace := func(b skewtest.Binaries, name string) (before, after skewtest.State) {
 		t.Helper()
-		next := managers.StartWith(t, b, name, deployment(t, "spillway").Spec.Template.Spec.Containers[0].Args)
+		next := managers.StartWith(t, b, name, podArgs(deployment(t, "spillway").Spec.Template.Spec.Containers[0].Args))
 		g.Eventually(next.Up).WithTimeout(60 * time.Second).Should(BeTrue())
 		running.Stop(t)
 		running = next
@@ -162,6 +163,18 @@ func TestUpgradeFromThePinnedChartWithWorkersCalling(t *testing.T) {
 	for _, p := range []*spillwayv1alpha1.DependencyPolicy{ramping, steady} {
 		g.Expect(k8s.Delete(ctx, p)).To(Succeed())
 	}
+}
+
+// podArgs are a Deployment's manager arguments, with what a pod would know
+// of itself added for a process outside one: the namespace its webhook's
+// certificate goes to, when the arguments have a webhook.
+func podArgs(args []string) []string {
+	for _, a := range args {
+		if strings.HasPrefix(a, "--webhook-cert-rotation") {
+			return append(append([]string(nil), args...), "--webhook-namespace="+namespace)
+		}
+	}
+	return args
 }
 
 // upgradeCapacity is the capacity of the upgrade test's policies.
