@@ -100,6 +100,11 @@ soak: envtest redis modules ## Run the fault campaign's soak: random faults for 
 	@hack/setup-python.sh
 	SOAK=$(SOAK) SPILLWAY_REQUIRE_PYTHON=1 go test -count=1 -timeout=$(SOAK_TIMEOUT) -run '^TestFaultSoak(Sentinel)?$$' -v ./test/faults
 
+.PHONY: skew-long
+skew-long: envtest redis modules ## Run the long form of the version-skew test (test/skew): more workers, outages, manager switches and worker rollbacks.
+	@hack/setup-python.sh
+	SPILLWAY_REQUIRE_PYTHON=1 SPILLWAY_SKEW_LONG=1 go test -count=1 -timeout=30m -v -run '^TestRollingUpgradeUnderLoad$$' ./test/skew
+
 .PHONY: bench
 bench: envtest redis modules ## Run the benchmarks whose figures go in docs/benchmarks.md.
 	go test $(BENCH_FLAGS) -bench=. ./...
