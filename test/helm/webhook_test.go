@@ -54,13 +54,23 @@ func TestWebhookEndToEnd(t *testing.T) {
 
 	// The CRD, unless a release before installed it and kept it: this
 	// release leaves it alone (crds.install=false).
+	// A release before may have kept another chart's CRD (the upgrade
+	// test's rollback leaves the pinned commit's), which knows no
+	// scaleTargetRef: this test needs this tree's.
+	want := &apiextensionsv1.CustomResourceDefinition{}
+	g.Expect(runtimeConvert(readYAML(t, "config", "crd", "bases", "spillway.dev_dependencypolicies.yaml"), want)).To(Succeed())
 	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := k8s.Get(ctx, client.ObjectKey{Name: crdName}, crd); apierrors.IsNotFound(err) {
-		u := readYAML(t, "config", "crd", "bases", "spillway.dev_dependencypolicies.yaml")
-		g.Expect(runtimeConvert(u, crd)).To(Succeed())
-		g.Expect(k8s.Create(ctx, crd)).To(Succeed())
-		t.Cleanup(func() { _ = k8s.Delete(context.Background(), crd) })
+	switch err := k8s.Get(ctx, client.ObjectKey{Name: crdName}, crd); {
+	case apierrors.IsNotFound(err):
+		g.Expect(k8s.Create(ctx, want)).To(Succeed())
+		t.Cleanup(func() { _ = k8s.Delete(context.Background(), want) })
+	case err == nil:
+		crd.Spec = want.Spec
+		g.Expect(k8s.Update(ctx, crd)).To(Succeed())
+	default:
+		g.Expect(err).NotTo(HaveOccurred())
 	}
+	g.Eventually(func() map[string]string { return crdSchemas(t) }).WithTimeout(30 * time.Second).Should(Equal(chartCRDSchemas(t, chartDir())))
 	mustHelm(t, "install", release, chartDir(), "--namespace", ns, "--create-namespace", "--set", "crds.install=false")
 	t.Cleanup(func() { _, _, _ = helm("uninstall", release, "--namespace", ns) })
 	webhook := &admissionregistrationv1.ValidatingWebhookConfiguration{}
