@@ -23,7 +23,7 @@ import (
 // version's clients ran them.
 func previousScripts(t *testing.T) map[string]*redis.Script {
 	t.Helper()
-	pin := filepath.Join("pins", "v"+itoa(protocol.Version-1)+".sum")
+	pin := filepath.Join("pins", "v"+strconv.Itoa(protocol.Version-1)+".sum")
 	f, err := os.Open(pin)
 	if err != nil {
 		t.Fatalf("open %s: %v", pin, err)
@@ -49,8 +49,6 @@ func previousScripts(t *testing.T) map[string]*redis.Script {
 	}
 	return out
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }
 
 // v4Acquire runs version 4's acquire for lease id with its keys.
 func v4Acquire(t *testing.T, old map[string]*redis.Script, rdb redis.UniversalClient, k protocol.Keys, id string) []any {
@@ -89,10 +87,10 @@ func TestVersionsShareOneCap(t *testing.T) {
 			}
 			// Two slots to each version, then both are refused.
 			for i := range 2 {
-				if res := v4Acquire(t, old, rdb, k, "old-"+itoa(i)); res[0].(int64) != 0 {
+				if res := v4Acquire(t, old, rdb, k, "old-"+strconv.Itoa(i)); res[0].(int64) != 0 {
 					t.Fatalf("manager %d: version 4 acquire %d = %v, want admitted", manager, i, res)
 				}
-				if a, err := c.Acquire(ctxT(t), protocol.AcquireArgs{LeaseID: "new-" + itoa(i), TTL: 30 * time.Second}); err != nil || a.Code != protocol.Admitted {
+				if a, err := c.Acquire(ctxT(t), protocol.AcquireArgs{LeaseID: "new-" + strconv.Itoa(i), TTL: 30 * time.Second}); err != nil || a.Code != protocol.Admitted {
 					t.Fatalf("manager %d: version %d acquire %d = %+v, %v; want admitted", manager, protocol.Version, i, a, err)
 				}
 			}
@@ -153,7 +151,7 @@ func TestVersionRefusalNamesBothVersions(t *testing.T) {
 				t.Errorf("%s: state version %d, manager %d; want %d and %d", what, ve.State, ve.Manager, protocol.MaxStateVersion+1, protocol.Version+2)
 			}
 			msg := err.Error()
-			for _, want := range []string{"protocol version " + itoa(protocol.Version+2), "speaks version " + itoa(protocol.Version), "upgrade this worker"} {
+			for _, want := range []string{"protocol version " + strconv.Itoa(protocol.Version+2), "speaks version " + strconv.Itoa(protocol.Version), "upgrade this worker"} {
 				if !strings.Contains(msg, want) {
 					t.Errorf("%s: %q does not say %q", what, msg, want)
 				}
@@ -367,13 +365,13 @@ func TestTwoVersionsScriptsOnOneConnection(t *testing.T) {
 	k := c.Keys()
 	mustPublish(t, c, policy(2))
 	for round := range 2 {
-		if res := v4Acquire(t, old, rdb, k, "old-"+itoa(round)); res[0].(int64) != 0 {
+		if res := v4Acquire(t, old, rdb, k, "old-"+strconv.Itoa(round)); res[0].(int64) != 0 {
 			t.Fatalf("round %d: version 4 acquire = %v, want admitted", round, res)
 		}
-		if a, err := c.Acquire(ctxT(t), protocol.AcquireArgs{LeaseID: "new-" + itoa(round), TTL: time.Second}); err != nil || a.Code != protocol.Admitted {
+		if a, err := c.Acquire(ctxT(t), protocol.AcquireArgs{LeaseID: "new-" + strconv.Itoa(round), TTL: time.Second}); err != nil || a.Code != protocol.Admitted {
 			t.Fatalf("round %d: version %d acquire = %+v, %v; want admitted", round, protocol.Version, a, err)
 		}
-		for _, id := range []string{"old-" + itoa(round), "new-" + itoa(round)} {
+		for _, id := range []string{"old-" + strconv.Itoa(round), "new-" + strconv.Itoa(round)} {
 			if _, err := c.Release(ctxT(t), id, 0, protocol.Success, 1); err != nil {
 				t.Fatal(err)
 			}
