@@ -99,6 +99,7 @@ func TestAcquireThatTimedOutBehindASlowCommandLeavesNoGhost(t *testing.T) {
 			gd := newGuard(t, rdb, guard.Options{Registerer: reg})
 			if warm {
 				g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed(), "clock sampled")
+	registered(t, rdb, gd)
 			} else {
 				// Another worker loads the scripts: the stalled request
 				// must find them, or it would fail with NOSCRIPT and write

@@ -99,6 +99,16 @@ func newGuard(t *testing.T, rdb redis.UniversalClient, opts guard.Options) *guar
 
 func ok(context.Context) error { return nil }
 
+// registered waits for the background registration that gd's first call
+// started (registrar), so that a test counting Redis commands afterwards
+// counts only its calls'.
+func registered(t *testing.T, rdb redis.UniversalClient, gd *guard.Guard) {
+	t.Helper()
+	NewWithT(t).Eventually(func() int64 {
+		return rdb.ZCard(t.Context(), protocol.KeysFor(gd.Dependency()).Clients).Val()
+	}).WithTimeout(5 * time.Second).WithPolling(time.Millisecond).Should(BeNumerically(">", 0), "the process registered")
+}
+
 func wantDecision(t *testing.T, err error, action guard.Action, reason error) time.Duration {
 	t.Helper()
 	a, after, decided := guard.Decide(err)
@@ -544,6 +554,7 @@ func TestOneRoundTripToAcquireAndOneToRelease(t *testing.T) {
 	publish(t, rdb, defaultPublished(5))
 	gd := newGuard(t, rdb, guard.Options{})
 	g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed()) // loads the scripts
+	registered(t, rdb, gd)
 
 	var trips atomic.Int64
 	rdb.AddHook(countingHook{&trips})
