@@ -99,7 +99,6 @@ func TestAcquireThatTimedOutBehindASlowCommandLeavesNoGhost(t *testing.T) {
 			gd := newGuard(t, rdb, guard.Options{Registerer: reg})
 			if warm {
 				g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed(), "clock sampled")
-	registered(t, rdb, gd)
 			} else {
 				// Another worker loads the scripts: the stalled request
 				// must find them, or it would fail with NOSCRIPT and write
@@ -353,6 +352,7 @@ func TestLateRefusalInTimeRetriesOnce(t *testing.T) {
 	publish(t, rdb, defaultPublished(1))
 	gd := newGuard(t, rdb, guard.Options{})
 	g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed(), "clock sampled")
+	registered(t, rdb, gd)
 
 	var late atomic.Bool
 	rdb.AddHook(lateOnce{&late})

@@ -106,7 +106,7 @@ func registered(t *testing.T, rdb redis.UniversalClient, gd *guard.Guard) {
 	t.Helper()
 	NewWithT(t).Eventually(func() int64 {
 		return rdb.ZCard(t.Context(), protocol.KeysFor(gd.Dependency()).Clients).Val()
-	}).WithTimeout(5 * time.Second).WithPolling(time.Millisecond).Should(BeNumerically(">", 0), "the process registered")
+	}).WithTimeout(5*time.Second).WithPolling(time.Millisecond).Should(BeNumerically(">", 0), "the process registered")
 }
 
 func wantDecision(t *testing.T, err error, action guard.Action, reason error) time.Duration {
