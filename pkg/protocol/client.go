@@ -24,6 +24,8 @@ type Client struct {
 	acquireKeys []string
 	releaseKeys []string
 	renewKeys   []string
+	leaseKeys   []string
+	holdKeys    []string
 	budgetKeys  []string
 	windowKeys  []string
 	publishKeys []string
@@ -50,7 +52,11 @@ func NewClient(rdb redis.UniversalClient, d Dependency) (*Client, error) {
 		// and the calls hash counts this version's calls (lib.lua
 		// count_version).
 		releaseKeys: []string{k.Leases, k.Stats, k.State, k.Probes, k.Calls},
-		renewKeys:   []string{k.Leases},
+		// renew puts back a lease Redis lost while the dependency learns,
+		// which it reads in the state (lib.lua learning).
+		renewKeys:   []string{k.Leases, k.State},
+		leaseKeys:   []string{k.Leases},
+		holdKeys:    []string{k.State, k.Leases},
 		budgetKeys:  []string{k.State, k.Stats},
 		windowKeys:  []string{k.State, k.Stats, k.Probes, k.Leases},
 		publishKeys: []string{k.State, k.Probes},
@@ -255,6 +261,59 @@ func (c *Client) Renew(ctx context.Context, member string, ttl time.Duration) (b
 	return n == 1, nil
 }
 
+// HoldEvery is how often a process that holds leases of its own (per-call
+// permits) calls Hold: a fraction of learnFor, so that its leases are back
+// before Redis admits anything new after losing them.
+const HoldEvery = 250 * time.Millisecond
+
+// LearnFor is how long a dependency learns once Redis lost leases (lib.lua
+// learning): nothing new is admitted, and holders put back what they hold.
+const LearnFor = time.Second
+
+// Held is Hold's answer.
+type Held struct {
+	// Learning is the learning left; 0 when the dependency is not learning.
+	Learning time.Duration
+	// NoState is true when Redis holds no state for the dependency (lost
+	// with its data, or never published): nobody admits, and the leases
+	// were put back as while learning.
+	NoState bool
+	// PutBack counts the members that were missing and were put back.
+	PutBack int64
+}
+
+// Hold puts back the leases a process holds that Redis lost (docs/protocol.md
+// §4 "Learning"): members are the leases of its running calls whose ttl has
+// not passed by its own clock. Outside learning, with a state, it writes
+// nothing. A process that holds leases calls it every HoldEvery; it also
+// finds a failover out when nothing is acquired.
+func (c *Client) Hold(ctx context.Context, members []string, ttl time.Duration) (Held, error) {
+	if ttl < time.Millisecond {
+		return Held{}, fmt.Errorf("lease ttl must be at least 1ms, got %v", ttl)
+	}
+	args := make([]any, 0, 1+len(members))
+	args = append(args, ttl.Milliseconds())
+	for _, m := range members {
+		args = append(args, m)
+	}
+	res, err := holdScript.Run(ctx, c.rdb, c.holdKeys, args...).Slice()
+	if err != nil {
+		return Held{}, fmt.Errorf("failed to hold the leases of %s: %w", c.dep, err)
+	}
+	left, err1 := intAt(res, 0)
+	n, err2 := intAt(res, 1)
+	if err := errors.Join(err1, err2); err != nil {
+		return Held{}, err
+	}
+	h := Held{PutBack: n}
+	if left < 0 {
+		h.NoState = true
+	} else {
+		h.Learning = time.Duration(left) * time.Millisecond
+	}
+	return h, nil
+}
+
 // Release frees the lease member (empty for a call admitted without one) and
 // reports the call's outcome and attempt number, in one round trip. epoch is
 // the epoch that admitted the call; its outcome counts as a probe when that
@@ -306,7 +365,7 @@ func (c *Client) Forget(ctx context.Context, member string) error {
 	if member == "" {
 		return errors.New("lease member must not be empty")
 	}
-	if err := forgetScript.Run(ctx, c.rdb, c.renewKeys, member).Err(); err != nil {
+	if err := forgetScript.Run(ctx, c.rdb, c.leaseKeys, member).Err(); err != nil {
 		return fmt.Errorf("failed to forget a lease for %s: %w", c.dep, err)
 	}
 	return nil
@@ -410,7 +469,7 @@ func (c *Client) Supersede(ctx context.Context, jobKey string, version int64, tt
 // Noop runs a script that does nothing: the baseline the acquire benchmark is
 // measured against.
 func (c *Client) Noop(ctx context.Context) error {
-	return noopScript.Run(ctx, c.rdb, c.renewKeys).Err()
+	return noopScript.Run(ctx, c.rdb, c.leaseKeys).Err()
 }
 
 func intAt(res []any, i int) (int64, error) {

@@ -26,7 +26,7 @@ import (
 // version of the Lua files, which every script checks against the state
 // hash's "version" (lib.lua version_refusal) and writes into the registry of
 // worker processes (register.lua).
-const Version = 5
+const Version = 6
 
 // The version skew (docs/protocol.md §10, docs/operations.md "Upgrading"): a
 // manager at version N serves workers at N-1 and N, and workers at N work
@@ -34,15 +34,16 @@ const Version = 5
 // what a manager at N writes is N-1, so that workers at N-1 act on it too.
 // Workers at N act on what their neighbours' managers write: N-2 (a manager
 // one version older), N-1 (their own) and N (one version newer). Version 5
-// is the first of the scheme: a manager at 4 wrote 4, so version 5 acts on
-// state versions 4 and 5, and refuses the rest with a *VersionError.
+// was the first of the scheme (a manager at 4 wrote 4, as one at 5 does), so
+// version 6 acts on state versions 4 (a manager at 5), 5 (its own manager)
+// and 6 (a manager at 7), and refuses the rest with a *VersionError.
 const (
 	// StateVersion is the state hash's "version" that Publish writes.
-	StateVersion = 4
+	StateVersion = Version - 1
 	// MinStateVersion and MaxStateVersion bound the state versions this
 	// version's scripts act on (lib.lua version_refusal).
-	MinStateVersion = 4
-	MaxStateVersion = 5
+	MinStateVersion = Version - 2
+	MaxStateVersion = Version
 )
 
 // Served reports whether a manager of this version serves workers of
@@ -200,6 +201,7 @@ func script(name string) *redis.Script {
 var (
 	acquireScript   = script("acquire")
 	renewScript     = script("renew")
+	holdScript      = script("hold")
 	releaseScript   = script("release")
 	budgetScript    = script("budget")
 	windowScript    = script("window")

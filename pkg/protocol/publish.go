@@ -99,6 +99,16 @@ type Published struct {
 	TrippedLimit int64
 	TrippedEpoch int64
 
+	// Restored says the manager publishes over a state it had published
+	// before and Redis no longer holds: Redis lost its data. When Redis
+	// indeed holds no state, the dependency then learns for LearnFor
+	// before anything new is admitted (docs/protocol.md §4 "Learning").
+	// Write only.
+	Restored bool
+	// LearningUntil is when the dependency stops learning (lib.lua
+	// learning), zero if it never did; read only.
+	LearningUntil time.Time
+
 	// ManagerVersion is the protocol version of the manager that last
 	// published; 0 when unknown (a manager of version 4, which does not
 	// write it); read only.
@@ -260,6 +270,7 @@ func (c *Client) Publish(ctx context.Context, p Published) (time.Time, error) {
 		"trip_open_ms", p.Trip.OpenDuration.Milliseconds(),
 		"trip_acked_ms", millis(p.Trip.Acknowledged),
 		"trip_acked_count", p.Trip.AcknowledgedCount,
+		"restored", boolInt(p.Restored),
 	}
 	res, err := publishScript.Run(ctx, c.rdb, c.publishKeys, args...).Slice()
 	if err != nil {
@@ -386,6 +397,7 @@ func (c *Client) parsePublished(m map[string]string) (Published, bool, error) {
 		TripCount:      num("trip_count"),
 		TrippedLimit:   num("tripped_limit"),
 		TrippedEpoch:   num("tripped_epoch"),
+		LearningUntil:  fromMillis(num("learn_until_ms")),
 		ManagerVersion: managerVersion(m),
 		UpdatedAt:      fromMillis(num("updated_at_ms")),
 	}, true, nil

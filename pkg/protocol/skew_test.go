@@ -3,6 +3,7 @@ package protocol_test
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,12 +51,12 @@ func previousScripts(t *testing.T) map[string]*redis.Script {
 	return out
 }
 
-// v4Acquire runs version 4's acquire for lease id with its keys.
-func v4Acquire(t *testing.T, old map[string]*redis.Script, rdb redis.UniversalClient, k protocol.Keys, id string) []any {
+// prevAcquire runs the previous version's acquire for lease id with its keys.
+func prevAcquire(t *testing.T, old map[string]*redis.Script, rdb redis.UniversalClient, k protocol.Keys, id string) []any {
 	t.Helper()
 	res, err := old["acquire"].Run(ctxT(t), rdb, []string{k.State, k.Leases, k.GCRA, k.Probes, k.Wants, k.Callers}, id, 30000, 0).Slice()
 	if err != nil {
-		t.Fatalf("version 4 acquire: %v", err)
+		t.Fatalf("previous version's acquire: %v", err)
 	}
 	return res
 }
@@ -63,8 +64,9 @@ func v4Acquire(t *testing.T, old map[string]*redis.Script, rdb redis.UniversalCl
 // TestVersionsShareOneCap: workers of the previous version (its real
 // scripts, from the repository's history) and of this one, on one
 // dependency, under a manager of either version, share one cap: the leases
-// of both count against the one limit. A trip a version 4 worker makes is
-// fenced by this version's publish like its own.
+// of both count against the one limit. A trip a worker of the previous
+// version makes is counted and fenced by this version's publish like its
+// own.
 func TestVersionsShareOneCap(t *testing.T) {
 	t.Parallel()
 	old := previousScripts(t)
@@ -76,26 +78,26 @@ func TestVersionsShareOneCap(t *testing.T) {
 			if manager == protocol.Version {
 				mustPublish(t, c, p)
 			} else {
-				// Version 4's publish, with the fields version 4's
+				// The previous version's publish, with the fields its
 				// Publish wrote (this version's minus its own).
 				args := []any{p.Epoch, 0, "state", "Closed", "limit", 4, "capacity", 4, "trip_on", 1,
 					"trip_failure_ratio", "0.5", "trip_min_calls", 4, "trip_open_ms", 7000, "breaker_window_s", 30,
-					"trip_since_ms", redisNow(t, rdb).Add(-time.Minute).UnixMilli(), "trip_acked_ms", 0}
+					"trip_since_ms", redisNow(t, rdb).Add(-time.Minute).UnixMilli(), "trip_acked_ms", 0, "trip_acked_count", 0}
 				if err := old["publish"].Run(ctxT(t), rdb, []string{k.State, k.Probes}, args...).Err(); err != nil {
-					t.Fatalf("version 4 publish: %v", err)
+					t.Fatalf("previous version's publish: %v", err)
 				}
 			}
 			// Two slots to each version, then both are refused.
 			for i := range 2 {
-				if res := v4Acquire(t, old, rdb, k, "old-"+strconv.Itoa(i)); res[0].(int64) != 0 {
-					t.Fatalf("manager %d: version 4 acquire %d = %v, want admitted", manager, i, res)
+				if res := prevAcquire(t, old, rdb, k, "old-"+strconv.Itoa(i)); res[0].(int64) != 0 {
+					t.Fatalf("manager %d: previous version's acquire %d = %v, want admitted", manager, i, res)
 				}
 				if a, err := c.Acquire(ctxT(t), protocol.AcquireArgs{LeaseID: "new-" + strconv.Itoa(i), TTL: 30 * time.Second}); err != nil || a.Code != protocol.Admitted {
 					t.Fatalf("manager %d: version %d acquire %d = %+v, %v; want admitted", manager, protocol.Version, i, a, err)
 				}
 			}
-			if res := v4Acquire(t, old, rdb, k, "old-x"); res[0].(int64) != 2 {
-				t.Errorf("manager %d: version 4 acquire past the limit = %v, want throttled", manager, res)
+			if res := prevAcquire(t, old, rdb, k, "old-x"); res[0].(int64) != 2 {
+				t.Errorf("manager %d: previous version's acquire past the limit = %v, want throttled", manager, res)
 			}
 			if a, err := c.Acquire(ctxT(t), protocol.AcquireArgs{LeaseID: "new-x", TTL: 30 * time.Second}); err != nil || a.Code != protocol.RefusedThrottled || a.Held != 4 {
 				t.Errorf("manager %d: version %d acquire past the limit = %+v, %v; want throttled with 4 held", manager, protocol.Version, a, err)
@@ -103,22 +105,22 @@ func TestVersionsShareOneCap(t *testing.T) {
 			if manager != protocol.Version {
 				continue
 			}
-			// Version 4 workers trip the breaker; this version's publish
+			// Workers of the previous version trip the breaker; this version's publish
 			// refuses a plan that did not see it, and takes it over.
 			read := mustRead(t, c)
 			for i := range 4 {
-				if err := old["release"].Run(ctxT(t), rdb, []string{k.Leases, k.Stats, k.State, k.Probes}, "", "f", 1).Err(); err != nil {
-					t.Fatalf("version 4 release %d: %v", i, err)
+				if err := old["release"].Run(ctxT(t), rdb, []string{k.Leases, k.Stats, k.State, k.Probes, k.Calls}, "", "f", 1).Err(); err != nil {
+					t.Fatalf("previous version's release %d: %v", i, err)
 				}
 			}
 			tripped := mustRead(t, c)
-			if tripped.State != wire.Open || tripped.TripCount != read.TripCount {
-				t.Fatalf("after 4 version 4 failures: state %s, trips %d; want Open, not counted (version 4 does not count trips)", tripped.State, tripped.TripCount)
+			if tripped.State != wire.Open || tripped.TripCount != read.TripCount+1 {
+				t.Fatalf("after 4 failures of the previous version: state %s, trips %d; want Open, counted once", tripped.State, tripped.TripCount)
 			}
 			stale := p
 			stale.Seq, stale.Trip.Acknowledged, stale.Trip.AcknowledgedCount = read.Seq, read.TripSeen(), read.TripsSeen()
 			if _, err := c.Publish(ctxT(t), stale); !errors.Is(err, protocol.ErrTripped) {
-				t.Errorf("publish of a plan made before a version 4 trip = %v, want ErrTripped", err)
+				t.Errorf("publish of a plan made before the previous version's trip = %v, want ErrTripped", err)
 			}
 		}
 	})
@@ -190,12 +192,12 @@ func TestRegisterAndReadFleet(t *testing.T) {
 		if n, _ := rdb.ZCard(ctxT(t), k.Clients).Result(); n != 5 {
 			t.Errorf("clients set holds %d members, want 5 (the 6-minute-old one dropped)", n)
 		}
-		// Calls: 3 by this version, 2 by version 4, in the current 10 s
+		// Calls: 3 by this version, 2 by the previous one, in the current 10 s
 		// bucket; the fleet read counts whole buckets only, so wait for
 		// the next one.
 		releaseN(t, c, 3, protocol.Success)
 		for range 2 {
-			if err := old["release"].Run(ctxT(t), rdb, []string{k.Leases, k.Stats, k.State, k.Probes}, "", "s", 1).Err(); err != nil {
+			if err := old["release"].Run(ctxT(t), rdb, []string{k.Leases, k.Stats, k.State, k.Probes, k.Calls}, "", "s", 1).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -205,7 +207,8 @@ func TestRegisterAndReadFleet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := map[protocol.Process]int{{Client: "go", Version: 5}: 2, {Client: "python", Version: 5}: 1, {Client: "node", Version: 5}: 1}
+		v := protocol.Version
+		want := map[protocol.Process]int{{Client: "go", Version: v}: 2, {Client: "python", Version: v}: 1, {Client: "node", Version: v}: 1}
 		if len(f.Processes) != len(want) {
 			t.Errorf("processes %v, want %v", f.Processes, want)
 		}
@@ -214,14 +217,15 @@ func TestRegisterAndReadFleet(t *testing.T) {
 				t.Errorf("processes %v: %v = %d, want %d", f.Processes, p, f.Processes[p], n)
 			}
 		}
-		if f.Calls != 5 || f.CallsByVersion[protocol.Version] != 3 || f.Unversioned() != 2 {
-			t.Errorf("calls %d, by version %v, unversioned %d; want 5, 3 by version %d, 2", f.Calls, f.CallsByVersion, f.Unversioned(), protocol.Version)
+		// The previous version (5) counts its own calls: none is unversioned.
+		if f.Calls != 5 || f.CallsByVersion[v] != 3 || f.CallsByVersion[v-1] != 2 || f.Unversioned() != 0 {
+			t.Errorf("calls %d, by version %v, unversioned %d; want 5, 3 by version %d and 2 by %d, 0", f.Calls, f.CallsByVersion, f.Unversioned(), v, v-1)
 		}
-		if got, want := f.Summary(), "v5: 2 go, 1 node, 1 python; v4: 2 calls/min (unregistered)"; got != want {
+		if got, want := f.Summary(), fmt.Sprintf("v%d: 2 go, 1 node, 1 python; v%d: 2 calls/min", v, v-1); got != want {
 			t.Errorf("Summary = %q, want %q", got, want)
 		}
-		if vs := f.Versions(); len(vs) != 2 || vs[0] != 4 || vs[1] != 5 || f.Oldest() != 4 {
-			t.Errorf("Versions = %v, Oldest %d; want [4 5], 4", vs, f.Oldest())
+		if vs := f.Versions(); len(vs) != 2 || vs[0] != v-1 || vs[1] != v || f.Oldest() != v-1 {
+			t.Errorf("Versions = %v, Oldest %d; want [%d %d], %d", vs, f.Oldest(), v-1, v, v-1)
 		}
 	})
 }
@@ -351,7 +355,7 @@ func TestPoolResendIsAnsweredAfterThePolicyIsGone(t *testing.T) {
 	})
 }
 
-// TestTwoVersionsScriptsOnOneConnection: version 4's scripts and this
+// TestTwoVersionsScriptsOnOneConnection: the previous version's scripts and this
 // version's, loaded on one Redis and run through one client connection, do
 // not collide: EVALSHA is keyed by each script's content, so each runs its
 // own text, and a NOSCRIPT for one (after SCRIPT FLUSH) loads that one only.
@@ -365,8 +369,8 @@ func TestTwoVersionsScriptsOnOneConnection(t *testing.T) {
 	k := c.Keys()
 	mustPublish(t, c, policy(2))
 	for round := range 2 {
-		if res := v4Acquire(t, old, rdb, k, "old-"+strconv.Itoa(round)); res[0].(int64) != 0 {
-			t.Fatalf("round %d: version 4 acquire = %v, want admitted", round, res)
+		if res := prevAcquire(t, old, rdb, k, "old-"+strconv.Itoa(round)); res[0].(int64) != 0 {
+			t.Fatalf("round %d: previous version's acquire = %v, want admitted", round, res)
 		}
 		if a, err := c.Acquire(ctxT(t), protocol.AcquireArgs{LeaseID: "new-" + strconv.Itoa(round), TTL: time.Second}); err != nil || a.Code != protocol.Admitted {
 			t.Fatalf("round %d: version %d acquire = %+v, %v; want admitted", round, protocol.Version, a, err)
@@ -388,7 +392,7 @@ func TestTwoVersionsScriptsOnOneConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	if now := redis.NewScript(string(lib) + string(acq)).Hash(); old["acquire"].Hash() == now {
-		t.Errorf("version 4's acquire and this version's have one SHA1 %s", now)
+		t.Errorf("the previous version's acquire and this version's have one SHA1 %s", now)
 	}
 	if n := rdb.PoolStats().TotalConns; n != 1 {
 		t.Errorf("%d connections, want 1", n)

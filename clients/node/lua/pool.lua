@@ -16,6 +16,9 @@
 -- token interval µs, token spread µs}, {5} no policy, {6, state version,
 -- manager version} (lib.lua version_refusal), {7, now ms} late: the request
 -- ran after its deadline and wrote nothing.
+-- While the dependency learns (lib.lua learning), held members that Redis
+-- lost are put back and kept, and nothing is granted; with no state stored
+-- they are put back before {5}.
 -- Idempotent per request id: a resend of the pool's last request answers the
 -- first run's reply and writes nothing, whatever the state is now: checked
 -- before the policy and its version, so that a resend after the policy was
@@ -210,7 +213,7 @@ local id = ARGV[1]
 local function read_state()
   return redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
     'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
-    'stale_after_ms')
+    'stale_after_ms', 'replid', 'learn_until_ms')
 end
 -- A resend (the reply of the first run was lost and the client library, or
 -- the pool, sent the same request again) answers as the first run did: its
@@ -218,10 +221,28 @@ end
 local rec = redis.call('HMGET', KEYS[5], id .. ':req', id .. ':reply', id .. ':next')
 if rec[1] == ARGV[2] and rec[2] then return cmsgpack.unpack(rec[2]) end
 
+local ttl = tonumber(ARGV[4])
+local nheld = math.floor(tonumber(ARGV[8]))
+local own = id .. ':'
+local function mine(m) return string.sub(m, 1, #own) == own end
+local function held_members()
+  local members = {}
+  for i = 19, 18 + nheld do
+    if mine(ARGV[i]) then members[#members + 1] = ARGV[i] end
+  end
+  return members
+end
+
 local st = read_state()
-if not st[1] then return {5} end
+if not st[1] then
+  -- Redis lost its data, or the policy was never published: nobody admits
+  -- without a state, and the pool's calls that still run keep their slots.
+  relearn(KEYS[2], held_members(), now_ms + ttl)
+  return {5}
+end
 local refused = version_refusal(KEYS[1], st[1], 6)
 if refused then return refused end
+local learn = learning(KEYS[1], st[10], st[11], now_ms)
 
 -- A request that waited (behind a slow script, in the socket of a paused
 -- server) after its caller gave up on it must take nothing: its members
@@ -231,12 +252,8 @@ if refused then return refused end
 local deadline = tonumber(ARGV[3]) or 0
 if deadline > 0 and now_ms > deadline then return {7, now_ms} end
 
-local ttl = tonumber(ARGV[4])
 local want = math.max(0, math.floor(tonumber(ARGV[5]) or 0))
-local nheld = math.floor(tonumber(ARGV[8]))
 local nret = math.floor(tonumber(ARGV[9]))
-local own = id .. ':'
-local function mine(m) return string.sub(m, 1, #own) == own end
 
 -- Returned members are written expired, not removed: acquire counts only
 -- members scored after now, and a member that is there cannot be added
@@ -258,9 +275,11 @@ end
 -- renewed (expiry = now + ttl) only once less than half its ttl is left:
 -- a pool refreshes many times a ttl, and moving a member in the sorted set
 -- is most of a refresh's cost. A dead process's slots still expire within
--- the ttl.
+-- the ttl. While the dependency learns, its members that Redis lost are put
+-- back first.
 local kept, lost = 0, {}
 if nheld > 0 then
+  if learn > 0 then relearn(KEYS[2], held_members(), now_ms + ttl) end
   local members = {}
   for i = 19, 18 + nheld do members[#members + 1] = ARGV[i] end
   local scores = redis.call('ZMSCORE', KEYS[2], unpack(members))
@@ -357,6 +376,7 @@ if state == 'Closed' or state == 'Ramping' then
     excess = math.min(kept, math.max(0, -free))
   end
   local n = math.min(target - kept, free)
+  if learn > 0 then n = 0 end
   if n > 0 then
     granted = pool_grant(KEYS[2], KEYS[5], id, rec[3], n, now_ms + ttl, live == 0)
   end

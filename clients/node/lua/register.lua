@@ -5,12 +5,12 @@
 -- KEYS[1] clients
 -- ARGV[1] client ('go', 'python', 'node', ...: no space)  ARGV[2] process id
 -- (one per process, no space)
--- The member is '<client> 5 <process id>', 5 being the protocol version of
+-- The member is '<client> 6 <process id>', 6 being the protocol version of
 -- this script (a client cannot claim another), scored by Redis time in ms.
 -- Members older than 5 minutes are removed, and the key expires 10 minutes
 -- after the last registration. Returns the Redis time in ms.
 local now_ms = math.floor(now_us() / 1000)
-redis.call('ZADD', KEYS[1], now_ms, ARGV[1] .. ' 5 ' .. ARGV[2])
+redis.call('ZADD', KEYS[1], now_ms, ARGV[1] .. ' 6 ' .. ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. int(now_ms - 300000))
 redis.call('PEXPIRE', KEYS[1], 600000)
 return now_ms

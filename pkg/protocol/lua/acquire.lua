@@ -7,7 +7,8 @@
 -- Returns {code, ..., now ms}: 0 admitted {0, epoch, limit, state, now}, the
 -- lease member being the lease id; 1 open {1, ms until probes, now}; 2
 -- throttled {2, ms until the first lease expires, held, limit, now}; 3 rate
--- {3, ms to wait, now}; 4 superseded {4, newest version, now}; 5 no policy
+-- {3, ms to wait, now}, 2 also while the dependency learns (lib.lua
+-- learning: {2, ms of learning left, held, limit, now}); 4 superseded {4, newest version, now}; 5 no policy
 -- {5}; 6 a state of a protocol version these scripts do not act on {6,
 -- state version, manager version} (lib.lua version_refusal); 7 late {7, now}.
 -- Idempotent per lease id: run again with the id of a lease it admitted (a
@@ -25,7 +26,8 @@ local deadline = tonumber(ARGV[3]) or 0
 
 local st = redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
   'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
-  'stale_after_ms', 'half_open_probes', 'tripped_epoch', 'tripped_stale_ms')
+  'stale_after_ms', 'half_open_probes', 'tripped_epoch', 'tripped_stale_ms',
+  'replid', 'learn_until_ms')
 if not st[1] then return {5} end
 local refused = version_refusal(KEYS[1], st[1], 6)
 if refused then return refused end
@@ -124,6 +126,12 @@ else
     return {2, wait, held, limit, now_ms}
   end
 end
+
+-- Redis may have lost leases whose calls still run: nothing new is admitted
+-- until their holders put them back (lib.lua learning). Checked last, on
+-- the way to an admission only.
+local learn = learning(KEYS[1], st[13], st[14], now_ms)
+if learn > 0 then return {2, learn, held, limit, now_ms} end
 
 local interval = math.floor(tonumber(st[5]) or 0)
 if interval > 0 then

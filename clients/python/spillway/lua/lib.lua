@@ -1,4 +1,4 @@
--- Shared by every Spillway script (protocol v5). Redis runs Lua 5.1, whose
+-- Shared by every Spillway script (protocol v6). Redis runs Lua 5.1, whose
 -- numbers are doubles: integers are exact below 2^53, and tostring() keeps only
 -- 14 significant digits, so every number written back to Redis goes through
 -- int(), never through implicit conversion. Top-level code here only defines
@@ -8,20 +8,20 @@ local function int(n)
   return string.format('%d', n)
 end
 
--- Version skew (docs/protocol.md §10). These scripts are protocol version 5.
+-- Version skew (docs/protocol.md §10). These scripts are protocol version 6.
 -- The state hash's 'version' is the state version: a manager at version N
 -- writes N - 1, so that its workers at N - 1 and N both act on it, and
 -- workers at N act on what the managers next to them write: N - 2 (a manager
--- one version older), N - 1 and N (one version newer). Version 5 is the first
--- of the scheme: a manager at 4 wrote 4, and one at 5 writes 4, so these
--- scripts act on state versions 4 and 5 (what a manager at 6 will write),
--- and refuse any other with {6, state version, manager version} (refusal
--- code 6; budget answers -6): the worker then names both versions to its
--- operator. 'manager_version' is the version of the manager that last
--- published; it counts only while 'manager_seq' equals 'seq' (a manager at
--- 4, which does not write it, has published since: -1, unknown).
+-- one version older), N - 1 and N (one version newer). A manager at 5 writes
+-- 4 and one at 6 writes 5, so these scripts act on state versions 4, 5 and
+-- 6 (what a manager at 7 will write), and refuse any other with {6, state
+-- version, manager version} (refusal code 6; budget answers -6): the worker
+-- then names both versions to its operator. 'manager_version' is the
+-- version of the manager that last published; it counts only while
+-- 'manager_seq' equals 'seq' (a manager at 4, which does not write it, has
+-- published since: -1, unknown).
 local function version_refusal(state_key, v, code)
-  if v == '4' or v == '5' then return nil end
+  if v == '4' or v == '5' or v == '6' then return nil end
   local m = redis.call('HMGET', state_key, 'manager_version', 'manager_seq', 'seq')
   local manager = -1
   if m[1] and m[2] == m[3] then manager = tonumber(m[1]) or -1 end
@@ -30,7 +30,7 @@ end
 
 -- Counts n calls (successes, failures and timeouts) made by workers of this
 -- protocol version, per 10 s bucket, in the calls hash: field
--- '<bucket's first second>:5'. The manager compares them with the stats of
+-- '<bucket's first second>:6'. The manager compares them with the stats of
 -- the same seconds to tell how much of the traffic older workers, which do
 -- not count themselves, still make (versions.lua). The first count in a
 -- bucket deletes this version's buckets 120 to 300 s old and keeps the key
@@ -39,9 +39,9 @@ end
 local function count_version(calls, now_s, n)
   if n <= 0 then return end
   local b = now_s - now_s % 10
-  if redis.call('HINCRBY', calls, int(b) .. ':5', n) == n then
+  if redis.call('HINCRBY', calls, int(b) .. ':6', n) == n then
     local old = {}
-    for x = b - 300, b - 120, 10 do old[#old + 1] = int(x) .. ':5' end
+    for x = b - 300, b - 120, 10 do old[#old + 1] = int(x) .. ':6' end
     redis.call('HDEL', calls, unpack(old))
     redis.call('PEXPIRE', calls, 120000)
   end
@@ -63,6 +63,59 @@ end
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Learning (docs/protocol.md §4 "Learning"). Redis can lose leases while
+-- their calls still run: restarted without its data, or failed over to a
+-- replica that had not received the last writes. For learn_ms after it
+-- finds out, nothing new is admitted, and the holders put back the leases
+-- it lost (renew, hold and pool re-add a lease that is missing while the
+-- dependency learns), so that no call is admitted into a slot a running
+-- call still holds. It finds out two ways:
+-- - the server's replication id (INFO replication master_replid) is not
+--   the one the state hash recorded in 'replid': a restart or a promotion
+--   gives a server a new one, and a replica that took over received only
+--   part of its master's writes. The first script on the new history sets
+--   'learn_until_ms' (a state with no 'replid' yet only records it);
+-- - the manager publishes a state Redis no longer held over one it had
+--   published before (publish.lua, 'restored').
+local learn_ms = 1000
+
+-- The ms of learning left at now_ms (0: none), after recording a new
+-- replication id. replid and learn_until are the state's fields as read.
+local function learning(state_key, replid, learn_until, now_ms)
+  local id = string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)')
+  if id and id ~= replid then
+    if replid then
+      learn_until = now_ms + learn_ms
+      redis.call('HSET', state_key, 'replid', id, 'learn_until_ms', int(learn_until))
+    else
+      redis.call('HSET', state_key, 'replid', id)
+    end
+  end
+  local left = (tonumber(learn_until) or 0) - now_ms
+  if left > 0 then return left end
+  return 0
+end
+
+-- Puts back the members of leases that are missing, at expiry: the leases
+-- a holder still holds that Redis lost (learning, or no state at all, when
+-- nobody admits). A member that is there, live or expired, is left as it
+-- is. Returns how many it put back.
+local function relearn(leases, members, expiry)
+  if #members == 0 then return 0 end
+  local scores = redis.call('ZMSCORE', leases, unpack(members))
+  local back = {}
+  for i, m in ipairs(members) do
+    if not scores[i] then
+      back[#back + 1] = int(expiry)
+      back[#back + 1] = m
+    end
+  end
+  if #back == 0 then return 0 end
+  redis.call('ZADD', leases, 'NX', '-inf',
+    'encoding: this member is longer than 64 bytes so that Redis keeps a skiplist')
+  return redis.call('ZADD', leases, 'NX', unpack(back))
 end
 
 -- The per-second counters: successes, failures, timeouts, calls by attempt
