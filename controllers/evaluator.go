@@ -231,6 +231,10 @@ func (r *Evaluator) evaluate(ctx context.Context, pol *spillwayv1alpha1.Dependen
 		}
 
 		out = Plan(PlanInput{Params: params, Previous: prev, Window: window, Probes: probes, External: external, Now: redisNow, StaleAfter: r.Options.staleAfter()})
+		// Redis lost a state this manager published (status says it did):
+		// it lost the leases too, and the dependency learns before it
+		// admits anything new (docs/protocol.md §4 "Learning").
+		out.Next.Restored = !found && pol.Status.State != ""
 
 		rctx, cancel = context.WithTimeout(ctx, r.Options.RedisTimeout)
 		publishedAt, err = pc.Publish(rctx, out.Next)

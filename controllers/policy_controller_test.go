@@ -191,7 +191,8 @@ func TestRestartMidRampContinues(t *testing.T) {
 // TestRedisDown: a hung Redis and then a lost one make the policy not Ready
 // with the reason, leave the last decision in place, and the controller
 // continues from Redis (after a hang) or from status (after data loss), never
-// from Closed at full capacity.
+// from Closed at full capacity; after data loss its publication starts the
+// learning second (docs/protocol.md §4 "Learning").
 func TestRedisDown(t *testing.T) {
 	t.Parallel()
 	g := NewWithT(t)
@@ -204,6 +205,7 @@ func TestRedisDown(t *testing.T) {
 	createPolicy(t, ns, "payments", spec)
 
 	g.Eventually(w.stateLimit()).Should(Equal("Closed/40"))
+	g.Expect(w.published(g).LearningUntil).To(BeZero(), "a first publication lost nothing: no learning")
 	w.report(g, minCalls, protocol.Failure)
 	g.Eventually(w.stateLimit()).Should(Equal("Open/0"))
 	g.Eventually(func(g Gomega) spillwayv1alpha1.DependencyState {
@@ -229,6 +231,7 @@ func TestRedisDown(t *testing.T) {
 	g.Eventually(conditionOf(ns, "payments", ConditionReady)).Should(Equal("True/Evaluated"))
 	g.Consistently(w.stateLimit()).Should(Equal("Open/0"), "restored from status, not Closed")
 	g.Expect(w.published(g).Epoch).To(Equal(int64(1)))
+	g.Expect(w.published(g).LearningUntil).NotTo(BeZero(), "republished over a lost state: the dependency learned before admitting")
 }
 
 // TestBadConsumersDoNotBlockOthers: a missing ScaledObject, a target kind

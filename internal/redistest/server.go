@@ -154,6 +154,43 @@ func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
 // commands that queued up meanwhile.
 func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
 
+// Promote gives the server a new replication id with its data kept, as a
+// replica promoted by a failover gets one: REPLICAOF an address nobody
+// listens on (port 1), then REPLICAOF NO ONE. It returns the new id.
+func (s *Server) Promote(ctx context.Context) (string, error) {
+	c := s.Client()
+	defer c.Close()
+	before, err := ReplicationID(ctx, c)
+	if err != nil {
+		return "", err
+	}
+	if err := c.SlaveOf(ctx, "127.0.0.1", "1").Err(); err != nil {
+		return "", fmt.Errorf("promote redis-server %s: %w", s.addr(), err)
+	}
+	if err := c.SlaveOf(ctx, "NO", "ONE").Err(); err != nil {
+		return "", fmt.Errorf("promote redis-server %s: %w", s.addr(), err)
+	}
+	after, err := ReplicationID(ctx, c)
+	if err == nil && after == before {
+		err = fmt.Errorf("promote redis-server %s: the replication id stayed %s", s.addr(), before)
+	}
+	return after, err
+}
+
+// ReplicationID is the server's master_replid (INFO replication).
+func ReplicationID(ctx context.Context, c redis.Cmdable) (string, error) {
+	info, err := c.Info(ctx, "replication").Result()
+	if err != nil {
+		return "", fmt.Errorf("read the replication id: %w", err)
+	}
+	for l := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "master_replid:"); ok {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("no master_replid in INFO replication: %q", info)
+}
+
 // Close closes the clients made by Client, stops the server and removes its
 // directory. It is safe to call more than once.
 func (s *Server) Close() error {

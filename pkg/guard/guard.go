@@ -159,6 +159,7 @@ type Guard struct {
 	clock  *redisClock
 	forget *forgetter
 	reg    registrar
+	hold   holder
 	// pool and budget are batch mode's (Options.Batch); nil when it is off.
 	pool   *pool
 	budget *retryStock
@@ -208,6 +209,7 @@ func New(rdb redis.UniversalClient, dependency string, opts Options) (*Guard, er
 	}
 	g.lastSeen = g.fallback
 	g.reg = registrar{proto: proto, timeout: max(opts.RedisTimeout, forgetTimeoutMin)}
+	g.hold.g = g
 	if opts.FailOpenLimit > 0 {
 		g.local = make(chan struct{}, opts.FailOpenLimit)
 	}

@@ -60,6 +60,7 @@ func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission, 
 	p.mu.Lock()
 	p.renewer = time.AfterFunc(p.nextRenew(g.opts.LeaseTTL/3), p.renew)
 	p.mu.Unlock()
+	g.hold.add(p)
 	return p
 }
 
@@ -173,13 +174,17 @@ func (p *Permit) lost() {
 // finish marks the Permit done and stops its renewals; false if it already was.
 func (p *Permit) finish() bool {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.done {
+		p.mu.Unlock()
 		return false
 	}
 	p.done = true
 	if p.renewer != nil {
 		p.renewer.Stop()
+	}
+	p.mu.Unlock()
+	if p.member != "" && p.slot == nil {
+		p.g.hold.remove(p)
 	}
 	return true
 }

@@ -2,7 +2,6 @@ package protocol_test
 
 import (
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,35 +12,21 @@ import (
 )
 
 // promote gives the server a new replication id with its data kept, as a
-// replica promoted by a failover gets one: REPLICAOF an address nobody
-// listens on, then REPLICAOF NO ONE.
-func promote(t *testing.T, rdb *redis.Client) {
+// failover's promoted replica gets one.
+func promote(t *testing.T, srv *redistest.Server) {
 	t.Helper()
-	before := replID(t, rdb)
-	if err := rdb.SlaveOf(ctxT(t), "127.0.0.1", "1").Err(); err != nil {
+	if _, err := srv.Promote(ctxT(t)); err != nil {
 		t.Fatal(err)
-	}
-	if err := rdb.SlaveOf(ctxT(t), "NO", "ONE").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if replID(t, rdb) == before {
-		t.Fatal("the replication id did not change")
 	}
 }
 
 func replID(t *testing.T, rdb *redis.Client) string {
 	t.Helper()
-	info, err := rdb.Info(ctxT(t), "replication").Result()
+	id, err := redistest.ReplicationID(ctxT(t), rdb)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for l := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "master_replid:"); ok {
-			return v
-		}
-	}
-	t.Fatalf("no master_replid in %q", info)
-	return ""
+	return id
 }
 
 // TestFailoverLearnsBeforeAdmitting: after a failover to a replica that
@@ -52,7 +37,8 @@ func replID(t *testing.T, rdb *redis.Client) string {
 // Without learning the lost lease's slot is admitted at once.
 func TestFailoverLearnsBeforeAdmitting(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Start(t).Client()
+	srv := redistest.Start(t)
+	rdb := srv.Client()
 	c := newClient(t, rdb)
 	mustPublish(t, c, policy(2))
 	a := mustAdmit(t, c, 30*time.Second)
@@ -62,7 +48,7 @@ func TestFailoverLearnsBeforeAdmitting(t *testing.T) {
 		t.Fatalf("state replid = %q, want the server's %q", got, replID(t, rdb))
 	}
 
-	promote(t, rdb)
+	promote(t, srv)
 	rdb.ZRem(ctxT(t), c.Keys().Leases, b.Member) // the write the replica missed
 
 	x := mustAcquire(t, c, 30*time.Second)
@@ -100,11 +86,12 @@ func TestFailoverLearnsBeforeAdmitting(t *testing.T) {
 // lease back.
 func TestRenewPutsBackWhileLearning(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Start(t).Client()
+	srv := redistest.Start(t)
+	rdb := srv.Client()
 	c := newClient(t, rdb)
 	mustPublish(t, c, policy(1))
 	a := mustAdmit(t, c, 30*time.Second)
-	promote(t, rdb)
+	promote(t, srv)
 	rdb.ZRem(ctxT(t), c.Keys().Leases, a.Member)
 	if ok, err := c.Renew(ctxT(t), a.Member, 30*time.Second); err != nil || !ok {
 		t.Fatalf("Renew of a lease the failover lost = %v, %v; want renewed", ok, err)
@@ -162,14 +149,15 @@ func TestRestartWithoutDataLearns(t *testing.T) {
 // until learning ends.
 func TestPoolPutsBackWhileLearning(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Start(t).Client()
+	srv := redistest.Start(t)
+	rdb := srv.Client()
 	c := newClient(t, rdb)
 	mustPublish(t, c, policy(4))
 	r, err := c.Pool(ctxT(t), protocol.PoolArgs{PoolID: "p", RequestID: "r1", TTL: 30 * time.Second, Want: 2})
 	if err != nil || len(r.Granted) != 2 {
 		t.Fatalf("Pool = %+v, %v; want 2 granted", r, err)
 	}
-	promote(t, rdb)
+	promote(t, srv)
 	rdb.ZRem(ctxT(t), c.Keys().Leases, r.Granted[0], r.Granted[1])
 	r2, err := c.Pool(ctxT(t), protocol.PoolArgs{PoolID: "p", RequestID: "r2", TTL: 30 * time.Second, Want: 4, Held: r.Granted})
 	if err != nil {

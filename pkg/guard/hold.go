@@ -1,0 +1,95 @@
+package guard
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/spillway-dev/spillway/pkg/protocol"
+)
+
+// holder puts back the leases of the guard's per-call Permits that Redis
+// lost (docs/protocol.md §4 "Learning"): restarted without its data, or
+// failed over to a replica that missed the last writes. While at least one
+// per-call Permit runs, every protocol.HoldEvery it sends hold.lua the
+// leases whose TTL has not passed by the local clock; the script writes
+// nothing unless the dependency learns or Redis holds no state. Renewals
+// come only every LeaseTTL/3, too late for the second during which Redis
+// admits nothing new. Batch mode's slots are the pool's, put back by its
+// refresh.
+type holder struct {
+	g *Guard
+
+	mu      sync.Mutex
+	permits map[*Permit]struct{}
+	running bool
+}
+
+// add counts p as held, and starts the loop if it is not running.
+func (h *holder) add(p *Permit) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.permits == nil {
+		h.permits = map[*Permit]struct{}{}
+	}
+	h.permits[p] = struct{}{}
+	if !h.running {
+		h.running = true
+		go h.loop()
+	}
+}
+
+// remove stops counting p. p.mu must not be held.
+func (h *holder) remove(p *Permit) {
+	h.mu.Lock()
+	delete(h.permits, p)
+	h.mu.Unlock()
+}
+
+// loop runs while Permits are held.
+func (h *holder) loop() {
+	t := time.NewTicker(protocol.HoldEvery)
+	defer t.Stop()
+	for range t.C {
+		members, ok := h.live()
+		if !ok {
+			return
+		}
+		if len(members) == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), h.g.opts.RedisTimeout)
+		_, err := h.g.proto.Hold(ctx, members, h.g.opts.LeaseTTL)
+		cancel()
+		if err != nil {
+			// The next tick tries again; a Permit whose TTL passes
+			// meanwhile is lost by its own renewal.
+			h.g.metrics.redisErrors.Inc()
+		}
+	}
+}
+
+// live returns the leases of the held Permits whose TTL has not passed by
+// the local clock, at most protocol.MaxPoolMembers of them; false when none
+// is held, and then the loop stops.
+func (h *holder) live() ([]string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.permits) == 0 {
+		h.running = false
+		return nil, false
+	}
+	now := time.Now()
+	members := make([]string, 0, min(len(h.permits), protocol.MaxPoolMembers))
+	for p := range h.permits {
+		if len(members) == protocol.MaxPoolMembers {
+			break
+		}
+		p.mu.Lock()
+		if !p.done && now.Before(p.expires) {
+			members = append(members, p.member)
+		}
+		p.mu.Unlock()
+	}
+	return members, true
+}
