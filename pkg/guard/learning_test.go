@@ -41,7 +41,7 @@ func TestLeaseComesBackAfterAFailover(t *testing.T) {
 		g.Expect(rdb.Del(ctx, protocol.KeysFor(gd.Dependency()).Leases).Err()).To(Succeed()) // the writes the replica missed
 
 		g.Eventually(func() int64 { return liveLeases(t, rdb, gd) }).
-			WithTimeout(protocol.HoldEvery + 250*time.Millisecond).WithPolling(5 * time.Millisecond).
+			WithTimeout(protocol.HoldEvery+250*time.Millisecond).WithPolling(5*time.Millisecond).
 			Should(Equal(int64(1)), "the running call's lease is back")
 		wantDecision(t, other.Do(ctx, guard.Job{}, ok), guard.ActionDefer, guard.ErrThrottled)
 		time.Sleep(time.Until(promoted.Add(protocol.LearnFor + 100*time.Millisecond)))
