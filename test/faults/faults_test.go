@@ -276,7 +276,11 @@ var faults = []fault{
 	// Open: nothing is published, and the stuck Open ends by itself through
 	// the dead-man rule (halfOpenProbes calls at a time) within
 	// openDuration + the dead-man bound (30 s); once the spec is fixed the
-	// fleet recovers.
+	// fleet recovers. The spec turns invalid once the manager has taken the
+	// workers' trip over (its Open): a trip that no manager took over is
+	// ended by the workers' probes instead, which restore the limit it
+	// replaced (managers-down-trip); the soak found this check failing 3
+	// times in 4 when the spec turned invalid first.
 	{name: "invalid-spec-while-open", recover: recoverAfterTrip, leasesFrom: time.Second,
 		inject: func(c *campaign, _ *workerProc) (time.Time, error) {
 			if err := c.f.loosenCRD(); err != nil {
@@ -285,6 +289,12 @@ var faults = []fault{
 			opened, err := c.trip()
 			if err != nil {
 				return opened, err
+			}
+			if !waitFor(10*time.Second, func() bool {
+				p, ok := c.f.published()
+				return ok && p.State == wire.Open && !p.TripPending()
+			}) {
+				return time.Now(), fmt.Errorf("no manager took the trip over within 10s: %v", c.f.stateHash())
 			}
 			if err := c.f.setRampSteps([]int32{2, 4, 2 * limit}, 10*time.Second); err != nil {
 				return time.Now(), err
