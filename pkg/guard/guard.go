@@ -356,6 +356,13 @@ func (g *Guard) Do(ctx context.Context, job Job, fn func(context.Context) error)
 	if err != nil {
 		return err
 	}
+	if p.late(time.Now()) {
+		// Stopped between the admission and the call for longer than the
+		// lease may live: the call is not made, and the job comes back.
+		p.cancel(ErrLeaseLost)
+		g.metrics.leaseLost.Inc()
+		return p.Done(ErrLeaseLost)
+	}
 	// Runs only when fn panics (or calls runtime.Goexit): Done has not run.
 	// Not recovering keeps the panic's own stack.
 	defer p.abandon()

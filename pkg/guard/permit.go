@@ -40,12 +40,18 @@ type Permit struct {
 	// admitted is when the admission's reply arrived: release reports the
 	// time since as the call's duration.
 	admitted time.Time
+	// startBy is when the lease may have expired in Redis at the earliest
+	// as the admission knew it, by the local clock: Do does not start the
+	// call after it (a process stopped between the admission and the
+	// call). Zero for a local Permit. Set once, before the Permit is shared.
+	startBy time.Time
 }
 
 func (g *Guard) newPermit(ctx context.Context, job Job, adm protocol.Admission, sent time.Time, bounded bool) *Permit {
 	p := &Permit{
 		g: g, job: job, parent: ctx, member: adm.Member, limit: adm.Limit,
 		expires:  sent.Add(g.opts.LeaseTTL),
+		startBy:  sent.Add(g.opts.LeaseTTL),
 		admitted: time.Now(),
 	}
 	if bounded {
@@ -163,6 +169,14 @@ func (p *Permit) renew() {
 		p.expires = sent.Add(g.opts.LeaseTTL)
 		p.renewer.Reset(p.nextRenew(g.opts.LeaseTTL / 3))
 	}
+}
+
+// late reports whether the call would start after its lease may have
+// expired in Redis: the process stopped (SIGSTOP, a frozen VM, a long pause)
+// between the admission and the call, and another call may hold the slot
+// by now.
+func (p *Permit) late(now time.Time) bool {
+	return !p.startBy.IsZero() && !now.Before(p.startBy)
 }
 
 // lost cancels a call whose lease is gone. p.mu must be held.

@@ -177,7 +177,7 @@ func (p *pool) takeLocked(now time.Time) (s *poolSlot, rate bool) {
 // bindLocked ties a taken slot and the call's Permit.
 func (p *pool) bindLocked(pm *Permit, s *poolSlot) {
 	s.permit = pm
-	pm.slot, pm.pool, pm.limit = s, p, p.limit
+	pm.slot, pm.pool, pm.limit, pm.startBy = s, p, p.limit, p.validUntil
 }
 
 // joinLocked queues a waiting call.

@@ -625,17 +625,50 @@ func TestFaultSoak(t *testing.T) {
 	c := newCampaign(t)
 	start := time.Now()
 	kinds := []workerKind{goPerCall, goBatch, python}
+	pool := soakFaults(t, os.Getenv("SOAK_FAULTS"))
 	for time.Since(start) < d {
-		ft := faults[rng.IntN(len(faults))]
+		ft := pool[rng.IntN(len(pool))]
 		target := workerKind("")
 		if ft.worker {
 			target = kinds[rng.IntN(len(kinds))]
+			if ft.kind != "" {
+				target = ft.kind
+			}
 		}
-		c.run(ft, target)
+		c.run(ft.fault, target)
 		// A quiet spell between faults, 0-5 s.
 		time.Sleep(time.Duration(rng.Int64N(int64(5 * time.Second))))
 	}
 	c.report(time.Since(start))
+}
+
+// soakFault is a fault the soak draws, on a given kind of worker ("" for any).
+type soakFault struct {
+	fault
+	kind workerKind
+}
+
+// soakFaults parses $SOAK_FAULTS, a comma-separated list of fault names,
+// each optionally with the kind of worker it hits ("sigstop/go-batch"); empty
+// is every fault on every kind.
+func soakFaults(t *testing.T, spec string) []soakFault {
+	if spec == "" {
+		out := make([]soakFault, len(faults))
+		for i, f := range faults {
+			out[i] = soakFault{fault: f}
+		}
+		return out
+	}
+	var out []soakFault
+	for _, item := range strings.Split(spec, ",") {
+		name, kind, _ := strings.Cut(strings.TrimSpace(item), "/")
+		f := byName(t, name)
+		if kind != "" && !f.worker {
+			t.Fatalf("SOAK_FAULTS: %s does not hit a worker", name)
+		}
+		out = append(out, soakFault{fault: f, kind: workerKind(kind)})
+	}
+	return out
 }
 
 func byName(t *testing.T, name string) fault {
