@@ -14,6 +14,10 @@ import (
 // returned): Lua 5.1 unpacks at most about 8000 values at a time.
 const MaxPoolMembers = 4000
 
+// SplitEvery is how often, at most, pool computes the fair split again
+// (pool.lua split_every_ms): shares lag the contenders by at most this much.
+const SplitEvery = 50 * time.Millisecond
+
 // ErrLate means a pool request reached Redis after its deadline: nothing was
 // written, nothing granted, its report not counted. The pool sends its
 // report again with its next request.

@@ -37,6 +37,7 @@ func newPool(c *protocol.Client, id string) *testPool {
 // and returned ones leave it.
 func (p *testPool) refresh(t testing.TB, want int64, ret []string, mod ...func(*protocol.PoolArgs)) protocol.PoolReply {
 	t.Helper()
+	settle(p.c)
 	a := protocol.PoolArgs{
 		PoolID:    p.id,
 		RequestID: fmt.Sprint(requestSeq.Add(1)),
@@ -54,6 +55,19 @@ func (p *testPool) refresh(t testing.TB, want int64, ret []string, mod ...func(*
 	}
 	p.held = append(without(a.Held, r.Lost), r.Granted...)
 	return r
+}
+
+// lastRefresh is when each dependency's pools last refreshed.
+var lastRefresh sync.Map // protocol.Dependency -> time.Time
+
+// settle waits until protocol.SplitEvery has passed since the dependency's
+// last refresh, and so since the fair split was last computed: the refresh
+// then sees every change made before it, as the tests' exact shares need.
+func settle(c *protocol.Client) {
+	if at, ok := lastRefresh.Load(c.Dependency()); ok {
+		time.Sleep(time.Until(at.(time.Time).Add(protocol.SplitEvery)))
+	}
+	lastRefresh.Store(c.Dependency(), time.Now())
 }
 
 // giveBack returns n of the pool's members (the last ones) in a refresh.

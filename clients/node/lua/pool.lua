@@ -121,26 +121,38 @@ local function pool_share(split, id, want)
   return split[1]
 end
 
--- The split is cached in the wants hash (field 'split': '<at ms> <limit>
+-- The split is cached in the wants hash (field 'split': '[d]<at ms> <limit>
 -- <level> <remainder> <waiting> <per-call contenders> <edge>') so that a
 -- refresh costs one HMGET and one ZCOUNT, not a pass over every process's
--- entry. The cache serves for 250 ms at most, and not at all when the limit
--- or the number of live per-call contenders changed since, or when the calling pool's own entry is
--- not the one it was computed with in what matters: live, wanting, waiting,
--- at or below the level. A pool whose entry changes in those ways deletes
--- the cache after writing its entry, so that the next refresh of every pool
--- sees it (a pool that starts waiting is seen by the holders at their next
--- refresh). A want that moves within the same side of the level only moves
--- the others' shares a little, for at most 250 ms; grants never exceed the
--- free slots whatever the share says.
-local function split_cached(cached, limit, percall, now_ms)
+-- entry. The cache serves for 250 ms at most, and never for another limit.
+-- Within that it no longer describes the contenders when the number of live
+-- per-call contenders changed, when the calling pool's own entry is not the
+-- one it was computed with in what matters (live, wanting, waiting, at or
+-- below the level), or when another pool started or stopped waiting, which
+-- marks it dirty (the leading 'd'); it is then computed again, but not more
+-- often than every split_every_ms. A computation reads every process's
+-- entry (about 5 µs of Redis CPU each), and pools whose demand hovers at
+-- the level flip on every refresh: without the floor every refresh of every
+-- pool would pay for it, 25 × N computations a second of N × 5 µs. Shares
+-- then lag the contenders by at most split_every_ms (a pool that starts
+-- waiting is seen by the holders within it and their next refresh), and a
+-- want that moves within the same side of the level moves the others'
+-- shares a little for at most 250 ms; grants never exceed the free slots
+-- whatever the share says.
+local split_every_ms = 50
+
+-- The cached split (nil when absent, older than 250 ms or for another
+-- limit), with its age in ms and whether it is dirty.
+local function split_cached(cached, limit, now_ms)
   if not cached then return nil end
+  local dirty = string.sub(cached, 1, 1) == 'd'
+  if dirty then cached = string.sub(cached, 2) end
   local at, lim, level, rem, nwait, pc, edge = string.match(cached,
     '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
-  if not at or now_ms - tonumber(at) > 250 or tonumber(lim) ~= limit or tonumber(pc) ~= percall then
+  if not at or now_ms - tonumber(at) > 250 or tonumber(lim) ~= limit then
     return nil
   end
-  return {tonumber(level), tonumber(rem), edge, tonumber(nwait), percall}
+  return {tonumber(level), tonumber(rem), edge, tonumber(nwait), tonumber(pc)}, now_ms - tonumber(at), dirty
 end
 
 -- Grants up to n new members '<pool id>:<k>', k counting up from the pool's
@@ -348,18 +360,21 @@ if state == 'Closed' or state == 'Ramping' then
   -- the anonymous ones as one.
   local percall = redis.call('ZCOUNT', KEYS[7], int(now_ms - 1000), '+inf')
   if now_ms - (tonumber(w[3]) or 0) <= 1000 then percall = percall + 1 end
-  local split = split_cached(w[1], limit, percall, now_ms)
+  local cached = w[1]
+  local split, age, dirty = split_cached(cached, limit, now_ms)
   -- The split counted this pool as waiting as its entry said (a pool whose
-  -- waiting flipped since deleted the split, below).
+  -- waiting flipped since marked the split dirty, below).
   local was_waiting = old_live and ow > oh
-  if split and not (old_live and (ow > 0) == (want > 0) and (ow <= split[1]) == (want <= split[1])) then
+  if split and age >= split_every_ms and (dirty or split[5] ~= percall or
+      not (old_live and (ow > 0) == (want > 0) and (ow <= split[1]) == (want <= split[1]))) then
     split = nil
   end
   if not split then
     if not old_live then was_waiting = want > kept end
     split = pool_split(KEYS[6], KEYS[7], KEYS[5], id, want, was_waiting, limit, now_ms)
-    redis.call('HSET', KEYS[6], 'split', int(now_ms) .. ' ' .. int(limit) .. ' ' .. int(split[1]) .. ' ' ..
-      int(split[2]) .. ' ' .. int(split[4]) .. ' ' .. int(split[5]) .. ' ' .. split[3])
+    cached = int(now_ms) .. ' ' .. int(limit) .. ' ' .. int(split[1]) .. ' ' ..
+      int(split[2]) .. ' ' .. int(split[4]) .. ' ' .. int(split[5]) .. ' ' .. split[3]
+    redis.call('HSET', KEYS[6], 'split', cached)
   end
   share = pool_share(split, id, want)
   -- Another contender waits: the waiting ones less this pool, as the split
@@ -382,9 +397,11 @@ if state == 'Closed' or state == 'Ramping' then
   end
   local held = kept + #granted
   pool_want(KEYS[6], id, want, held, now_ms)
-  -- When this pool started or stopped waiting, the others must see it at
-  -- their next refresh: the split counted it as before.
-  if (want > held) ~= was_waiting then redis.call('HDEL', KEYS[6], 'split') end
+  -- When this pool started or stopped waiting, the others must see it once
+  -- the split may be computed again: the split counted it as before.
+  if (want > held) ~= was_waiting and string.sub(cached, 1, 1) ~= 'd' then
+    redis.call('HSET', KEYS[6], 'split', 'd' .. cached)
+  end
   tokens, first, interval, spread = pool_tokens(KEYS[3], st[5], st[6], ARGV[6], ARGV[7], now)
 else
   -- Open, HalfOpen and the dead-man rule's Stale grant no pool slots: the
