@@ -1,4 +1,4 @@
-"""Spillway for Python: a client of the Spillway Redis protocol, version 5
+"""Spillway for Python: a client of the Spillway Redis protocol, version 6
 (docs/protocol.md), and the worker guard that enforces a dependency's
 fleet-wide slots, rate, breaker and retry budget at every call, beside the
 Go guard (pkg/guard) of the same fleet. spillway.celery integrates it with

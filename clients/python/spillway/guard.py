@@ -1,5 +1,5 @@
 """The worker side of Spillway for Python: every protection the fleet puts on
-calls to one dependency, enforced through Redis at each call (protocol v4),
+calls to one dependency, enforced through Redis at each call (protocol v6),
 with the failure-mode rules of the Go guard (pkg/guard):
 
 - every acquisition carries a deadline in Redis time, from an estimate of
@@ -11,6 +11,9 @@ with the failure-mode rules of the Go guard (pkg/guard):
   nothing against the dependency and is deferred, never retried as a failure;
 - a long call's lease is renewed every third of its TTL by a background
   thread, which stops renewing it when the call ends, exceptions included;
+- while calls run, the same thread puts back every HOLD_EVERY_S the leases
+  Redis lost (hold.lua: after a failover or a restart without data Redis
+  admits nothing new for a second while holders do);
 - Redis unavailable fails closed unless fail_open_limit admits the call
   locally.
 
@@ -217,19 +220,26 @@ class _Forgetter:
 
 
 class _Renewer:
-    """Renews the leases of the guard's running calls: one background thread
-    that sleeps until the next renewal is due. A Permit is scheduled when it
-    is admitted and unscheduled when it is done, so a call's renewals stop
-    when it ends, whatever it raised; the thread itself exits once no call
-    has been scheduled for idle seconds."""
+    """Renews the leases of the guard's running calls, and holds them while
+    Redis learns: one background thread that sleeps until the next renewal
+    or hold is due. A Permit is scheduled when it is admitted and
+    unscheduled when it is done, so a call's renewals stop when it ends,
+    whatever it raised. While a call is scheduled, hold(permits) runs every
+    hold_every seconds with the scheduled permits (docs/protocol.md §4
+    "Learning": the leases Redis lost are put back within a fraction of
+    the second it admits nothing new); it stops once none is. The thread
+    itself exits once no call has been scheduled for idle seconds."""
 
-    def __init__(self, idle: float = 5.0):
+    def __init__(self, idle: float = 5.0, hold: Optional[Callable[[list], None]] = None,
+                 hold_every: float = P.HOLD_EVERY_S):
         self.cond = threading.Condition()
         self.heap = []
         self.seq = itertools.count()
         self.thread: Optional[threading.Thread] = None
         self.idle = idle
         self.closed = False
+        self.hold, self.hold_every = hold, hold_every
+        self.hold_at: Optional[float] = None  # the next hold, while calls are scheduled
 
     def schedule(self, when: float, permit: "Permit") -> None:
         with self.cond:
@@ -271,6 +281,7 @@ class _Renewer:
     def _run(self) -> None:
         idle_since = None
         while True:
+            held = None
             with self.cond:
                 while self.heap and self.heap[0][2]._done:
                     heapq.heappop(self.heap)  # done: never renewed again
@@ -279,6 +290,7 @@ class _Renewer:
                     return
                 now = time.monotonic()
                 if not self.heap:
+                    self.hold_at = None  # no lease held: nothing to hold
                     if idle_since is None:
                         idle_since = now
                     if now - idle_since >= self.idle:
@@ -287,11 +299,23 @@ class _Renewer:
                     self.cond.wait(self.idle - (now - idle_since))
                     continue
                 idle_since = None
+                if self.hold_at is None:
+                    self.hold_at = now + self.hold_every
                 when, _, permit = self.heap[0]
-                if when > now:
+                if self.hold is not None and self.hold_at <= when:
+                    if self.hold_at > now:
+                        self.cond.wait(self.hold_at - now)
+                        continue
+                    self.hold_at = now + self.hold_every
+                    held = [p for _, _, p in self.heap if not p._done]
+                elif when > now:
                     self.cond.wait(when - now)
                     continue
-                heapq.heappop(self.heap)
+                else:
+                    heapq.heappop(self.heap)
+            if held is not None:
+                self.hold(held)  # outside the lock: one round trip
+                continue
             nxt = permit._renew()  # outside the lock: one round trip
             if nxt is not None:
                 self.schedule(time.monotonic() + nxt, permit)
@@ -602,7 +626,7 @@ class Guard:
         _check_eviction(self.proto.rdb, self.dependency, allow_eviction, self.metrics)
         self.clock = RedisClock()
         self._forget = _Forgetter(self.proto, redis_timeout, self.metrics)
-        self._renewer = _Renewer()
+        self._renewer = _Renewer(hold=self._hold)
         self._local = threading.BoundedSemaphore(fail_open_limit) if fail_open_limit > 0 else None
         self._backoff_lock = threading.Lock()
         self.last_backoff = R.FALLBACK
@@ -614,6 +638,8 @@ class Guard:
         self._lost = set()
         self._handoff = threading.local()
         self.renewals = 0  # successful lease renewals, for tests
+        # The answer of the last hold (learning), None before the first.
+        self.last_held: Optional[P.Held] = None
 
     def close(self) -> None:
         """Stop the background threads (forgetter, renewer). Leases not yet
@@ -641,6 +667,27 @@ class Guard:
         with self._flight_lock:
             self._running.discard(p)
             self._lost.discard(p)
+
+    def _hold(self, permits: list) -> None:
+        """Put back the leases of running calls that Redis lost (renewer
+        thread, every HOLD_EVERY_S while a call is scheduled): hold.lua with
+        every lease whose ttl has not passed by this process's clock and
+        that the fleet still counts (a lost one is not claimed back). Outside
+        learning, with a state, it writes nothing. A failure is retried at
+        the next tick."""
+        now = time.monotonic()
+        members = [p.member for p in permits if not p.lost.is_set() and p._expires > now]
+        if not members:
+            return
+        try:
+            held = self.proto.hold(members, self._ttl_ms, timeout=self.redis_timeout)
+        except Exception:
+            self.metrics.redis_errors.inc()
+            return
+        self.last_held = held
+        if held.put_back:
+            log.info("Put back %d leases of running calls that Redis lost for %s (%s)", held.put_back,
+                     self.dependency, "no state stored" if held.no_state else f"learning for {held.learning_ms} ms")
 
     def _count_flight(self):
         with self._flight_lock:

@@ -1,7 +1,7 @@
-"""Spillway's Redis protocol, version 5, for Python (docs/protocol.md).
+"""Spillway's Redis protocol, version 6, for Python (docs/protocol.md).
 
 The keys of one dependency and typed calls for the scripts a worker runs:
-acquire, renew, release, forget, budget and supersede (and publish and
+acquire, renew, hold, release, forget, budget, supersede and register (and publish and
 window, the controller's, which the tests use). The scripts are the files of
 pkg/protocol/lua, byte for byte (a copy in spillway/lua that
 tests/test_lua_sync.py compares with the Go tree), composed as the Go client
@@ -29,15 +29,22 @@ from typing import List, Optional, Sequence
 import redis
 from redis.exceptions import NoScriptError, ResponseError
 
-VERSION = 5
-# The state versions these scripts act on (docs/protocol.md §10): what a
-# manager one version older (4 wrote 4), this version's (4) and one version
-# newer (5) write.
-MIN_STATE_VERSION, MAX_STATE_VERSION = 4, 5
-# "v4" names the key space that versions 4 and 5 share, not the version.
+VERSION = 6
+# The state versions these scripts act on (docs/protocol.md §10): a worker
+# at N acts on what a manager one version older (N - 2), its own (N - 1) and
+# one version newer (N) write: a manager at 5 writes 4, one at 6 writes 5.
+MIN_STATE_VERSION, MAX_STATE_VERSION = 4, 6
+# "v4" names the key space that versions 4 to 6 share, not the version.
 KEY_PREFIX = "spillway:v4:"
 # How often a process registers its client and version (register.lua).
 REGISTER_EVERY_S = 15.0
+# How often a process that holds leases of its own (per-call permits) runs
+# hold (protocol.HoldEvery in Go): a fraction of LEARN_FOR_S, so that the
+# leases Redis lost are back before it admits anything new.
+HOLD_EVERY_S = 0.25
+# How long a dependency learns once Redis lost leases (lib.lua learning):
+# nothing new is admitted while holders put back what they hold.
+LEARN_FOR_S = 1.0
 
 # States the controller publishes.
 CLOSED, OPEN, HALF_OPEN, RAMPING = "Closed", "Open", "HalfOpen", "Ramping"
@@ -204,7 +211,7 @@ class Script:
 
 
 SCRIPTS = {n: Script(n) for n in (
-    "acquire", "renew", "release", "forget", "budget", "supersede",
+    "acquire", "renew", "hold", "release", "forget", "budget", "supersede",
     "publish", "window", "read", "noop", "register", "versions")}
 
 
@@ -246,6 +253,18 @@ class Admission:
     member: str = ""
 
 
+@dataclass(frozen=True)
+class Held:
+    """hold's answer. learning_ms: the learning left, 0 when the dependency
+    is not learning. no_state: Redis holds no state for the dependency (lost
+    with its data, or never published): nobody admits, and the leases were
+    put back as while learning. put_back: the members that were missing and
+    were put back."""
+    learning_ms: int = 0
+    no_state: bool = False
+    put_back: int = 0
+
+
 @dataclass
 class BudgetDecision:
     allowed: bool
@@ -278,6 +297,10 @@ class Client:
         # timeout may trip the breaker in the fleet's path (lib.lua trip).
         # and the calls hash counts this version's calls (count_version).
         self._release_keys = [k.leases, k.stats, k.state, k.probes, k.calls]
+        # renew puts back a lease Redis lost while the dependency learns,
+        # which it reads in the state (lib.lua learning).
+        self._renew_keys = [k.leases, k.state]
+        self._hold_keys = [k.state, k.leases]
 
     # -- transport ---------------------------------------------------------
 
@@ -372,9 +395,27 @@ class Client:
         raise ProtocolError(f"unexpected acquire reply {res!r}")
 
     def renew(self, member: str, ttl_ms: int, timeout: Optional[float] = None) -> bool:
+        """Extend a lease still held; True when renewed. A lease Redis lost
+        (missing, not expired) is put back while the dependency learns or
+        when no state is stored (renew.lua), which it reads in the state."""
         if ttl_ms < 1:
             raise ValueError(f"lease ttl must be at least 1ms, got {ttl_ms}")
-        return _int(self.run(SCRIPTS["renew"], [self.keys.leases], [member, int(ttl_ms)], timeout)) == 1
+        return _int(self.run(SCRIPTS["renew"], self._renew_keys, [member, int(ttl_ms)], timeout)) == 1
+
+    def hold(self, members: Sequence[str], ttl_ms: int, timeout: Optional[float] = None) -> Held:
+        """Put back the leases this process holds that Redis lost
+        (docs/protocol.md §4 "Learning"): members are the leases of its
+        running calls whose ttl has not passed by its own clock. Outside
+        learning, with a state, it writes nothing. A process that holds
+        leases runs it every HOLD_EVERY_S; it also finds a failover out
+        when nothing is acquired (hold.lua)."""
+        if ttl_ms < 1:
+            raise ValueError(f"lease ttl must be at least 1ms, got {ttl_ms}")
+        res = self.run(SCRIPTS["hold"], self._hold_keys, [int(ttl_ms), *members], timeout)
+        left, n = _int(res[0]), _int(res[1])
+        if left < 0:
+            return Held(learning_ms=0, no_state=True, put_back=n)
+        return Held(learning_ms=left, no_state=False, put_back=n)
 
     def release(self, member: str, outcome: str, attempt: int, epoch: int = 0,
                 timeout: Optional[float] = None, took: Optional[float] = None) -> bool:

@@ -95,7 +95,7 @@ def test_another_version_defers_and_says_which(rdb, dep, make_guard):
     with pytest.raises(spillway.OtherVersion) as e:
         g.call(lambda: None)
     assert decide(e.value).action == DEFER
-    assert "this worker speaks version 5" in str(e.value.__cause__ or e.value.cause)
+    assert f"this worker speaks version {spillway.VERSION}" in str(e.value.__cause__ or e.value.cause)
 
 
 def test_the_guard_registers_its_process(rdb, dep, make_guard):
@@ -103,7 +103,7 @@ def test_the_guard_registers_its_process(rdb, dep, make_guard):
     g = make_guard(dep)
     g.call(lambda: None)
     members = [m.decode() if isinstance(m, bytes) else m for m in rdb.zrange(f"spillway:v4:{{{dep}}}:clients", 0, -1)]
-    assert len(members) == 1 and members[0].startswith("python 5 ")
+    assert len(members) == 1 and members[0].startswith(f"python {spillway.VERSION} ")
 
 
 def test_failures_retry_with_the_published_backoff_then_park(rdb, dep, make_guard):

@@ -21,6 +21,8 @@ def test_python_copy_matches_pkg_protocol_lua():
 
 def test_scripts_are_composed_like_the_go_client():
     # protocol.go: every script but noop runs as lib.lua followed by the script.
+    # hold (protocol 6) is among them: every process holding leases runs it.
+    assert "hold" in P.SCRIPTS
     with open(os.path.join(GO_LUA, "lib.lua"), "rb") as f:
         lib = f.read()
     for name, script in P.SCRIPTS.items():
@@ -43,6 +45,8 @@ def test_the_protocol_version_is_the_scripts_version():
     with open(os.path.join(GO_LUA, "..", "protocol.go")) as f:
         go = f.read()
     assert f"const Version = {P.VERSION}\n" in go
-    assert f"MinStateVersion = {P.MIN_STATE_VERSION}\n" in go and f"MaxStateVersion = {P.MAX_STATE_VERSION}\n" in go
+    # A worker at N acts on state versions N - 2 to N, as the Go client.
+    assert (P.MIN_STATE_VERSION, P.MAX_STATE_VERSION) == (P.VERSION - 2, P.VERSION)
+    assert "MinStateVersion = Version - 2\n" in go and "MaxStateVersion = Version\n" in go
     # The key space is shared with version 4 (docs/protocol.md §10).
     assert P.KEY_PREFIX == "spillway:v4:" and f'const KeyPrefix = "{P.KEY_PREFIX}"' in go

@@ -269,3 +269,12 @@ def test_failures_trip_the_breaker_in_the_fleets_path(rdb, dep):
     assert msg and msg["data"] == b"1 Open 0"
     sub.close()
     assert c.acquire("l1", 1000).code == P.REFUSED_OPEN
+
+
+def test_publish_writes_the_state_version_its_workers_and_the_previous_ones_act_on(rdb, dep):
+    # A manager at N writes state version N - 1 and names itself: workers at
+    # N - 1 and N both act on it (lib.lua version_refusal).
+    publish(rdb, dep)
+    st = rdb.hgetall(P.Keys.of(P.Dependency.parse(dep)).state)
+    assert (st[b"version"], st[b"manager_version"]) == (str(P.VERSION - 1).encode(), str(P.VERSION).encode())
+    assert (st[b"version"], st[b"manager_version"]) == (b"5", b"6")
