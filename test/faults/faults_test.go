@@ -43,16 +43,7 @@ import (
 // the finding each waits on. Their breaches are logged as known, not failed.
 // Delete an entry when its fix lands: the campaign then holds the fault to
 // its promise.
-var knownBreaches = map[string]string{
-	"redis-restart": "(a) after Redis restarts without its data the survivors' calls are no longer in the lease set, " +
-		"so the fleet runs up to 2× the limit until they end (docs/runbook.md promises at most limit extra); " +
-		"waits on learning mode (survivors re-register, admission waits ≤ 1 s)",
-	"sigstop/go-batch": "(c) a new finding, seen in 2 of about 20 runs: a batch worker resumed after SIGSTOP for longer than LeaseTTL " +
-		"ran calls on pool slots whose leases had expired in Redis meanwhile (7 and 8 in flight against 6, for about a millisecond); " +
-		"the pool should not hand out a slot past its lease's local expiry before its first refresh",
-	"sentinel-failover/lagging-replica": "(a) a failover that loses writes loses the survivors' leases: the new master admits calls into their slots " +
-		"while they run, up to 2× the limit; waits on learning mode",
-}
+var knownBreaches = map[string]string{}
 
 // strictEnv, when set, ignores knownBreaches: every breach fails.
 const strictEnv = "SPILLWAY_FAULTS_STRICT"
