@@ -522,10 +522,9 @@ local function orphan_verdict(state, probes, outcome, now_ms)
   local ok = tonumber(redis.call('HGET', probes, 's')) or 0
   if ok < math.max(1, math.floor(tonumber(st[6]) or 1)) then return end
   local to, limit = st[2] or 'Closed', st[3] or '0'
-  local count = tonumber(redis.call('HGET', state, 'trip_count')) or 0
   redis.call('DEL', probes)
   redis.call('HSET', state, 'state', to, 'limit', limit, 'open_until_ms', '0',
-    'trip_since_ms', int(now_ms), 'trip_acked_ms', st[4] or '0', 'trip_acked_count', int(count),
+    'trip_since_ms', int(now_ms), 'trip_acked_ms', st[4] or '0', 'trip_acked_count', int(tonumber(st[5]) or 0),
     'stale_after_ms', st[9] or '0')
   announce_change(state, st[1] or '0', to, limit)
 end
