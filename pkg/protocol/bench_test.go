@@ -308,3 +308,54 @@ func BenchmarkAcquireReleaseCluster(b *testing.B) {
 	rdb, owner := benchCluster(b)
 	runParallel(b, "pair", rdb, owner, acquireRelease)
 }
+
+// BenchmarkPairVsPreviousVersion: what this protocol version's
+// acquire+release pair costs against the previous version's (its real
+// scripts, read from the commit its pin names), in interleaved rounds of one
+// second each on one server, as BenchmarkAcquireReleaseVsNoop: the ratio of
+// pairs per second (this version over the previous one) and each one's Redis
+// CPU per pair. Version 6 adds the replication-id check (INFO replication)
+// to every admission.
+//
+//	go test -run '^$' -bench PairVsPreviousVersion ./pkg/protocol/
+func BenchmarkPairVsPreviousVersion(b *testing.B) {
+	old := previousScripts(b)
+	rdb, owner := benchStandalone(b)
+	c := benchDep(b, rdb)
+	admin := owner(c.Dependency())
+	k := c.Keys()
+	acquireKeys := []string{k.State, k.Leases, k.GCRA, k.Probes, k.Wants, k.Callers}
+	releaseKeys := []string{k.Leases, k.Stats, k.State, k.Probes, k.Calls}
+	previous := func(ctx context.Context, _ *protocol.Client) error {
+		id := protocol.NewLeaseID()
+		res, err := old["acquire"].Run(ctx, rdb, acquireKeys, id, int64(60000), int64(0)).Slice()
+		if err != nil {
+			return err
+		}
+		if code, _ := res[0].(int64); code != 0 {
+			return fmt.Errorf("previous version's acquire = %v", res)
+		}
+		return old["release"].Run(ctx, rdb, releaseKeys, id, "s", 1).Err()
+	}
+	if err := acquireRelease(context.Background(), c); err != nil {
+		b.Fatal(err)
+	}
+	var ratios, cur, prev, curCPU, prevCPU []float64
+	for range b.N {
+		for range benchRounds {
+			p, cpuP := timedOps(b, c, admin, acquireRelease)
+			q, cpuQ := timedOps(b, c, admin, previous)
+			ratios = append(ratios, p/q)
+			cur, prev = append(cur, p), append(prev, q)
+			curCPU = append(curCPU, cpuP.Seconds()/p*1e6)
+			prevCPU = append(prevCPU, cpuQ.Seconds()/q*1e6)
+		}
+	}
+	b.ReportMetric(median(ratios), "ratio-median")
+	b.ReportMetric(slices.Min(ratios), "ratio-min")
+	b.ReportMetric(slices.Max(ratios), "ratio-max")
+	b.ReportMetric(median(cur), "pairs/s")
+	b.ReportMetric(median(prev), "previous-pairs/s")
+	b.ReportMetric(median(curCPU), "redis-µs/pair")
+	b.ReportMetric(median(prevCPU), "previous-redis-µs/pair")
+}

@@ -22,7 +22,7 @@ import (
 // commit its pin names (pkg/protocol/pins/v<N-1>.sum) shipped them: the real
 // old code, read from the repository's history, lib.lua prepended as that
 // version's clients ran them.
-func previousScripts(t *testing.T) map[string]*redis.Script {
+func previousScripts(t testing.TB) map[string]*redis.Script {
 	t.Helper()
 	pin := filepath.Join("pins", "v"+strconv.Itoa(protocol.Version-1)+".sum")
 	f, err := os.Open(pin)
