@@ -10,18 +10,21 @@
 // - axios: ECONNABORTED (its `timeout`) and ETIMEDOUT (with
 //   transitional.clarifyTimeoutError);
 // - got: TimeoutError (code ETIMEDOUT);
-// - sockets: ETIMEDOUT and ESOCKETTIMEDOUT.
+// - sockets: ETIMEDOUT and ESOCKETTIMEDOUT, and a connection refused
+//   (ECONNREFUSED) or reset (ECONNRESET), as every one of these libraries
+//   raises them (issue 33): the dependency did not answer the call.
 //
-// A connection refused (ECONNREFUSED) or reset (ECONNRESET) is a failure,
-// not a timeout, as in the Go and Python clients: the dependency answered
-// at once. Both count against the breaker alike; only the outcome's label
-// differs.
+// Here Node differs from the Go and Python clients, which count a refused
+// or reset connection a failure. Both outcomes count against the breaker
+// alike; only the outcome's label differs. Anything else (an HTTP 5xx, a
+// DNS error, undici's UND_ERR_SOCKET for a peer that closed without an
+// RST) is a failure.
 
 import type { Outcome } from "./protocol.js";
 
 const TIMEOUT_NAMES = new Set(["TimeoutError", "ConnectTimeoutError", "HeadersTimeoutError", "BodyTimeoutError"]);
 const TIMEOUT_CODES = new Set([
-  "ETIMEDOUT", "ESOCKETTIMEDOUT", "ECONNABORTED",
+  "ETIMEDOUT", "ESOCKETTIMEDOUT", "ECONNABORTED", "ECONNREFUSED", "ECONNRESET",
   "UND_ERR_CONNECT_TIMEOUT", "UND_ERR_HEADERS_TIMEOUT", "UND_ERR_BODY_TIMEOUT",
   "ERR_GOT_REQUEST_TIMEOUT", // not thrown by got 14 (its TimeoutError has ETIMEDOUT); kept for forks
 ]);

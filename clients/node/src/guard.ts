@@ -12,6 +12,9 @@
 //   as a failure; the call learns of it through its AbortSignal;
 // - a long call's lease is renewed every third of its TTL, and renewals stop
 //   when the call ends, whatever it threw;
+// - while calls run, the guard hands Redis the leases it holds every
+//   HOLD_EVERY (hold.lua): after a failover or a restart that lost them,
+//   Redis puts them back while it learns, before it admits anything new;
 // - Redis unavailable (paused, gone, connecting) fails closed within
 //   redisTimeout, unless failOpenLimit admits the call locally.
 //
@@ -235,10 +238,11 @@ class Permit {
   renewing = false;
   /** When the next renewal is due (performance.now() ms). */
   nextRenewal: number;
+  /** When the lease expires by the local clock, unless renewed (performance.now() ms). */
+  expires: number;
   /** Why the call was cut short, once it was: a Cancelled or a LeaseLost. */
   abortReason: E.SpillwayError | undefined;
   private controller: AbortController | null = null;
-  private expires: number;
   private readonly endOfLife: number;
   private readonly admitted = performance.now();
   private readonly onAbort: (() => void) | null = null;
@@ -388,11 +392,15 @@ export class Guard {
   lastBackoff: R.Backoff = R.FALLBACK;
   /** Successful lease renewals, for tests. */
   renewals = 0;
+  /** Leases Redis had lost that hold put back, for tests. */
+  heldBack = 0;
   lostCount = 0;
   localInUse = 0;
   private readonly running = new Set<Permit>();
   private readonly forgetter: Forgetter;
   private renewTick: NodeJS.Timeout | null = null;
+  private holdTick: NodeJS.Timeout | null = null;
+  private holding = false;
   private lastRunning = 0;
   private readonly evictionChecked: Promise<void>;
   private evictionKnown = false;
@@ -508,6 +516,7 @@ export class Guard {
     await Promise.all([...this.running].map((p) => p.release("c")));
     if (this.renewTick) clearInterval(this.renewTick);
     this.renewTick = null;
+    this.stopHolding();
     await this.forgetter.close(Math.max(2 * this.redisTimeout, 250));
   }
 
@@ -541,6 +550,42 @@ export class Guard {
     }
     this.lastRunning = now;
     for (const p of this.running) if (!p.local) void p.renew(now);
+  }
+
+  /**
+   * Hand Redis the leases of the running calls (docs/protocol.md §4
+   * "Learning"), every HOLD_EVERY while the guard holds one: those whose
+   * ttl has not passed by the local clock, of calls not cut short. Redis
+   * writes nothing unless it lost leases: after a failover to a replica
+   * that missed their writes, or a restart without data, it puts back the
+   * ones missing, and admits nothing new for LEARN_FOR meanwhile, so no
+   * call is admitted into a slot a running call still holds. One hold at
+   * a time, bounded by redisTimeout; a failure is tried again at the next
+   * tick. The first tick that finds no lease held stops the timer (not the
+   * call that ends: a guard calling one at a time would make and clear a
+   * timer per call); the next admitted call starts it again.
+   */
+  private holdDue(): void {
+    if (this.holding) return;
+    const now = performance.now();
+    const members: string[] = [];
+    for (const p of this.running) {
+      if (!p.local && !p.done && !p.lost && now < p.expires) members.push(p.member);
+    }
+    if (members.length === 0) {
+      this.stopHolding();
+      return;
+    }
+    this.holding = true;
+    this.proto.hold(members, this.ttlMs, this.redisTimeout).then(
+      (h) => { this.heldBack += h.putBack; },
+      () => { this.metrics.redisErrors.inc(); }, // again at the next tick
+    ).finally(() => { this.holding = false; });
+  }
+
+  private stopHolding(): void {
+    if (this.holdTick) clearInterval(this.holdTick);
+    this.holdTick = null;
   }
 
   /** @internal */
@@ -681,6 +726,10 @@ export class Guard {
       this.renewTick = setInterval(() => this.renewDue(), Math.max(this.leaseTtl / 6, 1));
       this.renewTick.unref();
     }
+    if (!this.holdTick && !p.local) {
+      this.holdTick = setInterval(() => this.holdDue(), P.HOLD_EVERY);
+      this.holdTick.unref();
+    }
     this.metrics.inFlight.inc();
     this.metrics.slotWait.observe((performance.now() - start) / 1000);
     return p;
@@ -694,7 +743,12 @@ export class Guard {
       case P.REFUSED_THROTTLED: {
         let d = this.throttleDelay;
         if (adm.waitMs > 0) d = Math.min(adm.waitMs, d); // the first lease expires sooner
-        return new E.Throttled(d / 2 + (this.random() * d) / 2, { detail: `${adm.held} held, limit ${adm.limit}` });
+        // A free slot refused with a wait: Redis lost leases and learns
+        // (docs/protocol.md §4 "Learning"); waitMs is the learning left.
+        const detail = adm.held < adm.limit && adm.waitMs > 0
+          ? `redis lost leases and learns for ${adm.waitMs}ms more while their holders put them back (${adm.held} held, limit ${adm.limit})`
+          : `${adm.held} held, limit ${adm.limit}`;
+        return new E.Throttled(d / 2 + (this.random() * d) / 2, { detail });
       }
       case P.REFUSED_RATE:
         return new E.RateLimited(this.jitterUp(adm.waitMs));

@@ -1,6 +1,6 @@
 // Spillway's Redis protocol for Node.js (docs/protocol.md): the keys of one
 // dependency and typed calls for the scripts a worker runs (acquire, renew,
-// release, forget, budget, supersede; publish and window, the controller's,
+// hold, release, forget, budget, supersede; publish and window, the controller's,
 // for the tests). The scripts are the files of pkg/protocol/lua, byte for
 // byte (a copy in lua/ that test/lua_sync.test.js compares with the Go tree),
 // composed as the Go client composes them: lib.lua followed by the script, so
@@ -19,23 +19,36 @@ import { Command } from "ioredis";
 import type { Cluster, Redis } from "ioredis";
 
 /** The protocol version this client speaks (docs/protocol.md §1, §10). */
-export const VERSION = 5;
+export const VERSION = 6;
 /**
- * The state versions these scripts act on (docs/protocol.md §10): what a
- * manager one version older (4 writes 4), this version's (4) and one
- * version newer (5) publish. Another is refused with {6, ...}: VersionError.
+ * The state versions these scripts act on (docs/protocol.md §10): a worker
+ * at N acts on N-2..N, what a manager one version older (5 writes 4), this
+ * version's (6 writes 5) and one version newer (7 will write 6) publish.
+ * Another is refused with {6, ...}: VersionError.
  */
-export const MIN_STATE_VERSION = 4, MAX_STATE_VERSION = 5;
-/** Every key of a dependency starts with this prefix (docs/protocol.md §1): "v4" names the key space versions 4 and 5 share, not the version. */
+export const MIN_STATE_VERSION = VERSION - 2, MAX_STATE_VERSION = VERSION;
+/** Every key of a dependency starts with this prefix (docs/protocol.md §1): "v4" names the key space versions 4 to 6 share, not the version. */
 export const KEY_PREFIX = "spillway:v4:";
 /** How often a process registers its client and version (register.lua), ms. */
 export const REGISTER_EVERY = 15_000;
 /** This client's name in the registry of worker processes (register.lua). */
 export const CLIENT_NAME = "node";
+/**
+ * How often a process that holds leases of its own calls hold (hold.lua),
+ * ms: a fraction of LEARN_FOR, so that the leases Redis lost are back
+ * before it admits anything new (Go's protocol.HoldEvery).
+ */
+export const HOLD_EVERY = 250;
+/**
+ * How long a dependency learns once Redis lost leases (lib.lua learning),
+ * ms: nothing new is admitted while holders put back what they hold (Go's
+ * protocol.LearnFor).
+ */
+export const LEARN_FOR = 1000;
 
 /** The scripts this client runs, by file name in lua/ (lib.lua is prepended to all but noop). */
 export const SCRIPT_NAMES = [
-  "acquire", "renew", "release", "forget", "budget", "supersede",
+  "acquire", "renew", "hold", "release", "forget", "budget", "supersede",
   "publish", "window", "read", "noop", "register", "versions",
 ] as const;
 export type ScriptName = (typeof SCRIPT_NAMES)[number];
@@ -176,6 +189,20 @@ export interface Admission {
   member: string;
 }
 
+/** hold's answer (Go's protocol.Held). */
+export interface Held {
+  /** The ms of learning left; 0 when the dependency is not learning. */
+  learningMs: number;
+  /**
+   * Redis holds no state for the dependency (lost with its data, or never
+   * published): nobody admits, and the leases were put back as while
+   * learning.
+   */
+  noState: boolean;
+  /** How many of the members were missing and were put back. */
+  putBack: number;
+}
+
 export interface BudgetDecision {
   allowed: boolean;
   backoffBaseMs: number;
@@ -220,6 +247,8 @@ export class Client {
   readonly callerId: string;
   private readonly acquireKeys: string[];
   private readonly releaseKeys: string[];
+  private readonly renewKeys: string[];
+  private readonly holdKeys: string[];
 
   /**
    * callerId names this client in acquisitions: refused for want of a slot,
@@ -238,6 +267,10 @@ export class Client {
     // breaker in the fleet's path) and the calls hash (this version's calls
     // are counted, lib.lua count_version).
     this.releaseKeys = [k.leases, k.stats, k.state, k.probes, k.calls];
+    // renew puts back a lease Redis lost while the dependency learns, which
+    // it reads in the state (lib.lua learning).
+    this.renewKeys = [k.leases, k.state];
+    this.holdKeys = [k.state, k.leases];
     this.callerId = callerId ?? newLeaseId();
   }
 
@@ -325,7 +358,22 @@ export class Client {
 
   async renew(member: string, ttlMs: number, timeoutMs = 0): Promise<boolean> {
     if (!(ttlMs >= 1)) throw new RangeError(`lease ttl must be at least 1ms, got ${ttlMs}`);
-    return int(await this.run(SCRIPTS.renew, [this.keys.leases], [member, Math.floor(ttlMs)], timeoutMs)) === 1;
+    return int(await this.run(SCRIPTS.renew, this.renewKeys, [member, Math.floor(ttlMs)], timeoutMs)) === 1;
+  }
+
+  /**
+   * Put back the leases this process holds that Redis lost
+   * (docs/protocol.md §4 "Learning"): members are the leases of its running
+   * calls whose ttl has not passed by its own clock. Outside learning, with
+   * a state, it writes nothing. A process that holds leases calls it every
+   * HOLD_EVERY (the guard does); it also finds a failover out when nothing
+   * is acquired.
+   */
+  async hold(members: readonly string[], ttlMs: number, timeoutMs = 0): Promise<Held> {
+    if (!(ttlMs >= 1)) throw new RangeError(`lease ttl must be at least 1ms, got ${ttlMs}`);
+    const res = list(await this.run(SCRIPTS.hold, this.holdKeys, [Math.floor(ttlMs), ...members], timeoutMs), "hold", 2);
+    const left = int(res[0]);
+    return { learningMs: Math.max(left, 0), noState: left < 0, putBack: int(res[1]) };
   }
 
   /**

@@ -43,7 +43,15 @@ test("the protocol version is the scripts' version, declared as in the Go client
     `lib.lua does not act on state versions ${MIN_STATE_VERSION} to ${MAX_STATE_VERSION}`);
   const go = readFileSync(join(GO_LUA, "..", "protocol.go"), "utf8");
   assert.ok(go.includes(`const Version = ${VERSION}\n`), "pkg/protocol's Version differs");
-  assert.ok(go.includes(`MinStateVersion = ${MIN_STATE_VERSION}\n`) && go.includes(`MaxStateVersion = ${MAX_STATE_VERSION}\n`));
+  // Go declares the bounds as a number or relative to Version ("Version - 2").
+  const goConst = (name) => {
+    const m = new RegExp(`\\b${name} = (?:(\\d+)|Version(?: ([-+]) (\\d+))?)\\n`).exec(go);
+    assert.ok(m, `pkg/protocol declares no ${name}`);
+    if (m[1] !== undefined) return Number(m[1]);
+    return VERSION + (m[2] === "-" ? -Number(m[3]) : Number(m[3] ?? 0));
+  };
+  assert.equal(goConst("MinStateVersion"), MIN_STATE_VERSION, "pkg/protocol's MinStateVersion differs");
+  assert.equal(goConst("MaxStateVersion"), MAX_STATE_VERSION, "pkg/protocol's MaxStateVersion differs");
   // The key space is shared with version 4 (docs/protocol.md §10).
   assert.equal(KEY_PREFIX, "spillway:v4:");
   assert.ok(go.includes(`const KeyPrefix = "${KEY_PREFIX}"`));

@@ -62,7 +62,7 @@ test("no policy and a state version these scripts do not act on are typed errors
   assert.equal(err.stateVersion, 7);
   assert.equal(err.managerVersion, 8);
   assert.equal(err.clientVersion, VERSION);
-  assert.match(err.message, new RegExp(`manager at protocol version 8 for workers at protocol version 7 or later; this worker speaks version ${VERSION}, which acts on state versions 4 to 5: upgrade this worker's Spillway client`));
+  assert.match(err.message, new RegExp(`manager at protocol version 8 for workers at protocol version 7 or later; this worker speaks version ${VERSION}, which acts on state versions ${P.MIN_STATE_VERSION} to ${P.MAX_STATE_VERSION}: upgrade this worker's Spillway client`));
   await assert.rejects(c.budget(), P.VersionError);
   await rdb.hset(c.keys.state, "version", "3");
   const old = await c.acquire("z", 1000).then(() => null, (e) => e);
