@@ -156,25 +156,33 @@ func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
 
 // Promote gives the server a new replication id with its data kept, as a
 // replica promoted by a failover gets one: REPLICAOF an address nobody
-// listens on (port 1), then REPLICAOF NO ONE. It returns the new id.
-func (s *Server) Promote(ctx context.Context) (string, error) {
+// listens on (port 1), then REPLICAOF NO ONE. The commands before, if any,
+// run in the same MULTI/EXEC, so that no client command comes between
+// them and the promotion: they turn the data into what a replica would
+// hold (the writes it missed undone). It returns the new id.
+func (s *Server) Promote(ctx context.Context, before ...func(redis.Pipeliner)) (string, error) {
 	c := s.Client()
 	defer c.Close()
-	before, err := ReplicationID(ctx, c)
+	old, err := ReplicationID(ctx, c)
 	if err != nil {
 		return "", err
 	}
-	if err := c.SlaveOf(ctx, "127.0.0.1", "1").Err(); err != nil {
+	_, err = c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for _, f := range before {
+			f(p)
+		}
+		p.SlaveOf(ctx, "127.0.0.1", "1")
+		p.SlaveOf(ctx, "NO", "ONE")
+		return nil
+	})
+	if err != nil {
 		return "", fmt.Errorf("promote redis-server %s: %w", s.addr(), err)
 	}
-	if err := c.SlaveOf(ctx, "NO", "ONE").Err(); err != nil {
-		return "", fmt.Errorf("promote redis-server %s: %w", s.addr(), err)
+	id, err := ReplicationID(ctx, c)
+	if err == nil && id == old {
+		err = fmt.Errorf("promote redis-server %s: the replication id stayed %s", s.addr(), old)
 	}
-	after, err := ReplicationID(ctx, c)
-	if err == nil && after == before {
-		err = fmt.Errorf("promote redis-server %s: the replication id stayed %s", s.addr(), before)
-	}
-	return after, err
+	return id, err
 }
 
 // ReplicationID is the server's master_replid (INFO replication).

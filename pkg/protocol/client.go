@@ -266,6 +266,12 @@ func (c *Client) Renew(ctx context.Context, member string, ttl time.Duration) (b
 // before Redis admits anything new after losing them.
 const HoldEvery = 250 * time.Millisecond
 
+// ReplicationCheckEvery is how often, at most, the scripts read the
+// server's replication id to find a failover or a restart out (lib.lua
+// replid_every_ms). A failover that loses writes follows a crash that takes
+// a second or more to detect, so the new master's first admission reads it.
+const ReplicationCheckEvery = 100 * time.Millisecond
+
 // LearnFor is how long a dependency learns once Redis lost leases (lib.lua
 // learning): nothing new is admitted, and holders put back what they hold.
 const LearnFor = time.Second

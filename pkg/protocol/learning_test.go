@@ -12,9 +12,12 @@ import (
 )
 
 // promote gives the server a new replication id with its data kept, as a
-// failover's promoted replica gets one.
+// failover's promoted replica gets one. A failover follows a crash that
+// takes a second or more to detect: it first waits out
+// ReplicationCheckEvery, so that nothing the scripts recorded is more recent.
 func promote(t *testing.T, srv *redistest.Server) {
 	t.Helper()
+	time.Sleep(protocol.ReplicationCheckEvery + 50*time.Millisecond)
 	if _, err := srv.Promote(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}

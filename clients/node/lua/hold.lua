@@ -10,9 +10,9 @@
 -- put back}. Outside learning, with a state, it writes nothing: renew
 -- extends the leases.
 local now_ms = math.floor(now_us() / 1000)
-local st = redis.call('HMGET', KEYS[1], 'version', 'replid', 'learn_until_ms')
+local st = redis.call('HMGET', KEYS[1], 'version', 'replid', 'learn_until_ms', 'replid_at_ms')
 local left = -1
-if st[1] then left = learning(KEYS[1], st[2], st[3], now_ms) end
+if st[1] then left = learning(KEYS[1], st[2], st[3], st[4], now_ms) end
 if left == 0 then return {0, 0} end
 local members = {}
 for i = 2, #ARGV do members[#members + 1] = ARGV[i] end

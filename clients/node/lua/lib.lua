@@ -76,21 +76,30 @@ end
 --   the one the state hash recorded in 'replid': a restart or a promotion
 --   gives a server a new one, and a replica that took over received only
 --   part of its master's writes. The first script on the new history sets
---   'learn_until_ms' (a state with no 'replid' yet only records it);
+--   'learn_until_ms' (a state with no 'replid' yet only records it). The
+--   id is read at most every replid_every_ms ('replid_at_ms' records the
+--   last read, about 3 µs of Redis CPU each): a failover that loses writes
+--   follows a crash that the sentinels or the cluster take a second or
+--   more to agree on, so what the new master holds was recorded longer ago
+--   than that, and its first admission reads the id. A recorded time ahead
+--   of the server's clock reads it too;
 -- - the manager publishes a state Redis no longer held over one it had
 --   published before (publish.lua, 'restored').
 local learn_ms = 1000
+local replid_every_ms = 100
 
 -- The ms of learning left at now_ms (0: none), after recording a new
--- replication id. replid and learn_until are the state's fields as read.
-local function learning(state_key, replid, learn_until, now_ms)
-  local id = string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)')
-  if id and id ~= replid then
-    if replid then
+-- replication id. replid, learn_until and replid_at are the state's fields
+-- as read.
+local function learning(state_key, replid, learn_until, replid_at, now_ms)
+  local age = now_ms - (tonumber(replid_at) or 0)
+  if not replid or age < 0 or age >= replid_every_ms then
+    local id = string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)')
+    if id and replid and id ~= replid then
       learn_until = now_ms + learn_ms
-      redis.call('HSET', state_key, 'replid', id, 'learn_until_ms', int(learn_until))
-    else
-      redis.call('HSET', state_key, 'replid', id)
+      redis.call('HSET', state_key, 'replid', id, 'replid_at_ms', int(now_ms), 'learn_until_ms', int(learn_until))
+    elseif id then
+      redis.call('HSET', state_key, 'replid', id, 'replid_at_ms', int(now_ms))
     end
   end
   local left = (tonumber(learn_until) or 0) - now_ms

@@ -225,7 +225,7 @@ local id = ARGV[1]
 local function read_state()
   return redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
     'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
-    'stale_after_ms', 'replid', 'learn_until_ms')
+    'stale_after_ms', 'replid', 'learn_until_ms', 'replid_at_ms')
 end
 -- A resend (the reply of the first run was lost and the client library, or
 -- the pool, sent the same request again) answers as the first run did: its
@@ -254,7 +254,7 @@ if not st[1] then
 end
 local refused = version_refusal(KEYS[1], st[1], 6)
 if refused then return refused end
-local learn = learning(KEYS[1], st[10], st[11], now_ms)
+local learn = learning(KEYS[1], st[10], st[11], st[12], now_ms)
 
 -- A request that waited (behind a slow script, in the socket of a paused
 -- server) after its caller gave up on it must take nothing: its members

@@ -30,9 +30,13 @@ async function replId() {
 /**
  * Gives the server a new replication id with its data kept, as a replica
  * promoted by a failover gets one: REPLICAOF an address nobody listens on,
- * then REPLICAOF NO ONE.
+ * then REPLICAOF NO ONE. A failover follows a crash that takes a second or
+ * more to detect: it first waits out the scripts' replication-id check
+ * period (100 ms, lib.lua replid_every_ms), so that nothing they recorded is
+ * more recent.
  */
 async function promote() {
+  await new Promise((r) => setTimeout(r, 150));
   const before = await replId();
   await rdb.call("REPLICAOF", "127.0.0.1", "1");
   await rdb.call("REPLICAOF", "NO", "ONE");

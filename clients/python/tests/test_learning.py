@@ -23,7 +23,11 @@ def replid(rdb) -> str:
 def promote(rdb) -> None:
     """A new replication id with the data kept, as a replica promoted by a
     failover gets one: REPLICAOF an address nobody listens on, then
-    REPLICAOF NO ONE."""
+    REPLICAOF NO ONE. A failover follows a crash that takes a second or more
+    to detect: it first waits out the scripts' replication-id check period
+    (100 ms, lib.lua replid_every_ms), so that nothing they recorded is more
+    recent."""
+    time.sleep(0.15)
     before = replid(rdb)
     rdb.execute_command("REPLICAOF", "127.0.0.1", "1")
     rdb.execute_command("REPLICAOF", "NO", "ONE")

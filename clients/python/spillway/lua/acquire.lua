@@ -27,7 +27,7 @@ local deadline = tonumber(ARGV[3]) or 0
 local st = redis.call('HMGET', KEYS[1], 'version', 'state', 'limit', 'epoch',
   'rate_interval_us', 'rate_burst', 'open_until_ms', 'updated_at_ms',
   'stale_after_ms', 'half_open_probes', 'tripped_epoch', 'tripped_stale_ms',
-  'replid', 'learn_until_ms')
+  'replid', 'learn_until_ms', 'replid_at_ms')
 if not st[1] then return {5} end
 local refused = version_refusal(KEYS[1], st[1], 6)
 if refused then return refused end
@@ -130,7 +130,7 @@ end
 -- Redis may have lost leases whose calls still run: nothing new is admitted
 -- until their holders put them back (lib.lua learning). Checked last, on
 -- the way to an admission only.
-local learn = learning(KEYS[1], st[13], st[14], now_ms)
+local learn = learning(KEYS[1], st[13], st[14], st[15], now_ms)
 if learn > 0 then return {2, learn, held, limit, now_ms} end
 
 local interval = math.floor(tonumber(st[5]) or 0)

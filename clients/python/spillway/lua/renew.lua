@@ -9,8 +9,8 @@
 local now_ms = math.floor(now_us() / 1000)
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not expiry and KEYS[2] then
-  local st = redis.call('HMGET', KEYS[2], 'version', 'replid', 'learn_until_ms')
-  if not st[1] or learning(KEYS[2], st[2], st[3], now_ms) > 0 then
+  local st = redis.call('HMGET', KEYS[2], 'version', 'replid', 'learn_until_ms', 'replid_at_ms')
+  if not st[1] or learning(KEYS[2], st[2], st[3], st[4], now_ms) > 0 then
     relearn(KEYS[1], {ARGV[1]}, now_ms + tonumber(ARGV[2]))
     return 1
   end
