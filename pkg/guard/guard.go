@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -166,6 +167,23 @@ type Guard struct {
 
 	mu       sync.Mutex
 	lastSeen retry.Backoff
+
+	// timedAt is when, in Unix ns, the next per-call success may report its
+	// duration (timeDue).
+	timedAt atomic.Int64
+}
+
+// timeEvery spaces the per-call successes whose release reports the
+// call's duration: at most one every 10 ms per guard. The window's mean
+// success latency (the controller's rate bound) needs a sample, not every
+// call, and timing costs Redis two counters a release (docs/benchmarks.md);
+// below 100 successes a second every one is timed.
+const timeEvery = 10 * time.Millisecond
+
+// timeDue reports whether a success ending at now reports its duration.
+func (g *Guard) timeDue(now time.Time) bool {
+	next := g.timedAt.Load()
+	return now.UnixNano() >= next && g.timedAt.CompareAndSwap(next, now.Add(timeEvery).UnixNano())
 }
 
 // New returns a Guard for the dependency "namespace/name" (the

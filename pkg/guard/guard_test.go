@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -690,3 +691,40 @@ func TestOpenPastItsDeadlineNeverHintsZero(t *testing.T) {
 type fixedClock time.Time
 
 func (c fixedClock) Now() time.Time { return time.Time(c) }
+
+// Successes report their duration at most every 10 ms per guard (the
+// window's mean success latency needs a sample, and timing costs Redis two
+// counters a release); spaced further apart, every one does.
+func TestSuccessDurationsAreSampled(t *testing.T) {
+	g := NewWithT(t)
+	rdb := fastClient(redistest.Start(t))
+	publish(t, rdb, defaultPublished(5))
+	gd := newGuard(t, rdb, guard.Options{})
+	timed := func() int64 {
+		all, err := rdb.HGetAll(t.Context(), protocol.KeysFor(gd.Dependency()).Stats).Result()
+		g.Expect(err).NotTo(HaveOccurred())
+		var n int64
+		for f, v := range all {
+			if strings.HasSuffix(f, ":dn") {
+				k, _ := strconv.ParseInt(v, 10, 64)
+				n += k
+			}
+		}
+		return n
+	}
+	start := time.Now()
+	const burst = 50
+	for range burst {
+		g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed())
+	}
+	elapsed := time.Since(start)
+	n := timed()
+	g.Expect(n).To(BeNumerically(">=", 1))
+	g.Expect(n).To(BeNumerically("<=", 1+int64(elapsed/(10*time.Millisecond))), "%d of %d successes timed in %v", n, burst, elapsed)
+	g.Expect(n).To(BeNumerically("<", burst))
+	for range 3 {
+		time.Sleep(15 * time.Millisecond)
+		g.Expect(gd.Do(t.Context(), guard.Job{}, ok)).To(Succeed())
+	}
+	g.Expect(timed()).To(Equal(n+3), "successes 15 ms apart are each timed")
+}

@@ -313,8 +313,12 @@ func (p *Permit) release(outcome protocol.Outcome) {
 		p.pool.put(p.slot, outcome, p.job.attempt(), time.Since(p.admitted))
 		return
 	}
+	took := time.Duration(-1)
+	if outcome == protocol.Success && g.timeDue(time.Now()) {
+		took = time.Since(p.admitted)
+	}
 	ctx, cancel := g.redisContext(context.WithoutCancel(p.ctx))
-	_, err := g.proto.ReleaseTimed(ctx, p.member, p.probeEpoch, outcome, p.job.attempt(), time.Since(p.admitted))
+	_, err := g.proto.ReleaseTimed(ctx, p.member, p.probeEpoch, outcome, p.job.attempt(), took)
 	cancel()
 	if err != nil {
 		// A renewal whose reply was lost may have run, so the lease may

@@ -68,6 +68,8 @@ FORGET_QUEUE = 8192
 FORGET_BACKOFF_MIN = 0.02
 FORGET_BACKOFF_MAX = 0.5
 FORGET_TIMEOUT_MIN = 0.25
+# Spaces the successes whose release reports the call's duration (_time_due).
+TIME_EVERY_S = 0.01
 
 
 @dataclass
@@ -554,8 +556,10 @@ class Permit:
             g.metrics.call(outcome, self.attempt)
             return
         try:
+            now = time.monotonic()
+            took = now - self._admitted if outcome == "s" and g._time_due(now) else None
             g.proto.release(self.member, outcome, self.attempt, self._probe_epoch, timeout=g.redis_timeout,
-                            took=time.monotonic() - self._admitted)
+                            took=took)
             self._settled = True
         except BaseException as e:
             # It may not have run: the lease lasts at most a TTL from now.
@@ -611,6 +615,8 @@ class Guard:
         self._ttl_ms = max(int(lease_ttl * 1000), 1)
         self.redis_timeout = redis_timeout
         self._register_at = 0.0
+        self._timed_at = 0.0
+        self._timed_lock = threading.Lock()
         self._register_lock = threading.Lock()
         self.max_call_lifetime = max_call_lifetime
         self.wait_for_slot = wait_for_slot
@@ -830,6 +836,18 @@ class Guard:
             if permit is not None:
                 permit.abandon()
             raise
+
+    def _time_due(self, now: float) -> bool:
+        """Whether a success ending at now (time.monotonic()) reports its
+        duration: at most one every TIME_EVERY_S per guard. The window's mean
+        success latency (the controller's rate bound) needs a sample, not
+        every call, and timing costs Redis two counters a release; below 100
+        successes a second every one is timed. As the Go and Node guards do."""
+        with self._timed_lock:
+            if now < self._timed_at:
+                return False
+            self._timed_at = now + TIME_EVERY_S
+            return True
 
     def _maybe_register(self, now: float) -> None:
         """Register this process's client and protocol version
