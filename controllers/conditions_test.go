@@ -214,14 +214,14 @@ func TestWorkersServedCondition(t *testing.T) {
 		{name: "no workers", status: metav1.ConditionTrue, reason: ReasonWorkerVersionsServed, message: []string{"by protocol version: none"}},
 		{name: "this version and unregistered older calls", fleet: protocol.Fleet{
 			Processes: map[protocol.Process]int{{Client: "go", Version: v}: 2}, Calls: 50, CallsByVersion: map[int]int64{v: 20},
-		}, status: metav1.ConditionTrue, reason: ReasonWorkerVersionsServed, message: []string{"v5: 2 go; v4: 30 calls/min (unregistered)"}},
+		}, status: metav1.ConditionTrue, reason: ReasonWorkerVersionsServed, message: []string{fmt.Sprintf("v%d: 2 go; v4: 30 calls/min (unregistered)", v)}},
 		{name: "one version newer is served", fleet: protocol.Fleet{
 			Processes: map[protocol.Process]int{{Client: "python", Version: v + 1}: 1},
 		}, status: metav1.ConditionTrue, reason: ReasonWorkerVersionsServed},
 		{name: "two versions newer is not", fleet: protocol.Fleet{
 			Processes: map[protocol.Process]int{{Client: "go", Version: v}: 1, {Client: "node", Version: v + 2}: 3},
 		}, status: metav1.ConditionFalse, reason: ReasonUnservedWorkers, message: []string{
-			"3 node process(es) at protocol version 7", "serves workers at versions 4 to 6", "upgrade their Spillway library"}},
+			fmt.Sprintf("3 node process(es) at protocol version %d", v+2), fmt.Sprintf("serves workers at versions %d to %d", v-1, v+1), "upgrade their Spillway library"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
