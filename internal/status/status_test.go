@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -165,7 +166,7 @@ func TestClosedOpenRamping(t *testing.T) {
 		closedOut = out
 		g.Expect(out).To(HavePrefix("NAME "))
 		cells := line(g, out, "template-api")
-		g.Expect(cells[:10]).To(Equal([]string{"template-api", "Closed", "8/8", "-", "1", "0.4", "0.0%", "25.0%", "5", "max 4"}))
+		g.Expect(cells[:10]).To(Equal([]string{"template-api", "Closed", "8/8", "-", "1", "0.4", "0.0%", "25.0%", strconv.Itoa(protocol.Version), "max 4"}))
 		g.Expect(cells[11]).To(Equal("-"))
 	}).WithTimeout(5 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
 	t.Logf("Closed:\n%s", closedOut)
