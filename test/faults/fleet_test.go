@@ -204,6 +204,21 @@ func (f *fleet) published() (protocol.Published, bool) {
 	return p, ok
 }
 
+// stalled reports whether the manager has seen the policy's current spec
+// and found it unusable: its Stalled condition is True for this generation.
+func (f *fleet) stalled() bool {
+	pol := &spillwayv1alpha1.DependencyPolicy{}
+	if err := f.kube.Client.Get(context.Background(), types.NamespacedName{Namespace: f.ns, Name: policyName}, pol); err != nil {
+		return false
+	}
+	for _, c := range pol.Status.Conditions {
+		if c.Type == "Stalled" {
+			return c.Status == metav1.ConditionTrue && c.ObservedGeneration == pol.Generation
+		}
+	}
+	return false
+}
+
 // stateHash is the state hash in Redis, for a breach's message.
 func (f *fleet) stateHash() map[string]string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
