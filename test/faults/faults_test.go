@@ -43,7 +43,12 @@ import (
 // the finding each waits on. Their breaches are logged as known, not failed.
 // Delete an entry when its fix lands: the campaign then holds the fault to
 // its promise.
-var knownBreaches = map[string]string{}
+var knownBreaches = map[string]string{
+	"sentinel-failover/lagging-replica": "(d) seen once in 10 lagging-replica failovers on protocol 6 (the 1 h soak's Sentinel part): " +
+		"7 in flight against 6 for 14 ms at the end of the learning second, a holder that reached the new master more than " +
+		"the second after the first script there; waits on a learning window that lasts until the holders are back, " +
+		"not a fixed second (docs/protocol.md §4 \"Learning\", its bound)",
+}
 
 // strictEnv, when set, ignores knownBreaches: every breach fails.
 const strictEnv = "SPILLWAY_FAULTS_STRICT"
