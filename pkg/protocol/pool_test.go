@@ -50,6 +50,7 @@ func (p *testPool) refresh(t testing.TB, want int64, ret []string, mod ...func(*
 		m(&a)
 	}
 	r, err := p.c.Pool(ctxT(t), a)
+	lastRefresh.Store(p.c.Dependency(), time.Now()) // after the script ran
 	if err != nil {
 		t.Fatalf("Pool(%s): %v", p.id, err)
 	}
@@ -65,9 +66,8 @@ var lastRefresh sync.Map // protocol.Dependency -> time.Time
 // then sees every change made before it, as the tests' exact shares need.
 func settle(c *protocol.Client) {
 	if at, ok := lastRefresh.Load(c.Dependency()); ok {
-		time.Sleep(time.Until(at.(time.Time).Add(protocol.SplitEvery)))
+		time.Sleep(time.Until(at.(time.Time).Add(protocol.SplitEvery + time.Millisecond)))
 	}
-	lastRefresh.Store(c.Dependency(), time.Now())
 }
 
 // giveBack returns n of the pool's members (the last ones) in a refresh.
