@@ -71,20 +71,27 @@ func (h *holder) loop() {
 
 // live returns the leases of the held Permits whose TTL has not passed by
 // the local clock, at most protocol.MaxPoolMembers of them; false when none
-// is held, and then the loop stops.
+// is held, and then the loop stops. Each Permit's lock is taken after h.mu
+// is released: a renewal holds it for a round trip, and admissions and
+// Done (add, remove) must not wait behind that.
 func (h *holder) live() ([]string, bool) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if len(h.permits) == 0 {
 		h.running = false
+		h.mu.Unlock()
 		return nil, false
 	}
-	now := time.Now()
-	members := make([]string, 0, min(len(h.permits), protocol.MaxPoolMembers))
+	held := make([]*Permit, 0, min(len(h.permits), protocol.MaxPoolMembers))
 	for p := range h.permits {
-		if len(members) == protocol.MaxPoolMembers {
+		if len(held) == protocol.MaxPoolMembers {
 			break
 		}
+		held = append(held, p)
+	}
+	h.mu.Unlock()
+	now := time.Now()
+	members := make([]string, 0, len(held))
+	for _, p := range held {
 		p.mu.Lock()
 		if !p.done && now.Before(p.expires) {
 			members = append(members, p.member)
