@@ -51,12 +51,12 @@ func NewClient(rdb redis.UniversalClient, d Dependency) (*Client, error) {
 		// timeout may trip the breaker in the fleet's path (lib.lua trip).
 		// and the calls hash counts this version's calls (lib.lua
 		// count_version).
-		releaseKeys: []string{k.Leases, k.Stats, k.State, k.Probes, k.Calls},
+		releaseKeys: []string{k.Leases, k.Stats, k.State, k.Probes, k.Calls, k.Released},
 		// renew puts back a lease Redis lost while the dependency learns,
 		// which it reads in the state (lib.lua learning).
-		renewKeys:   []string{k.Leases, k.State},
+		renewKeys:   []string{k.Leases, k.State, k.Released},
 		leaseKeys:   []string{k.Leases},
-		holdKeys:    []string{k.State, k.Leases},
+		holdKeys:    []string{k.State, k.Leases, k.Released},
 		budgetKeys:  []string{k.State, k.Stats},
 		windowKeys:  []string{k.State, k.Stats, k.Probes, k.Leases},
 		publishKeys: []string{k.State, k.Probes},

@@ -178,3 +178,68 @@ func TestPoolPutsBackWhileLearning(t *testing.T) {
 		t.Fatalf("refresh after learning = %+v, %v; want the 2 free slots granted", r3, err)
 	}
 }
+
+// TestReleasedLeaseStaysReleasedWhileLearning: a holder's hold (or a
+// renewal) sent before its call ended can reach Redis after that call's
+// release, on another connection. While the dependency learns, or with no
+// state stored, hold puts back a missing lease, and would put the released
+// one back: its slot stays taken, by nobody, until the lease's TTL passes.
+// The release is remembered instead, and neither hold nor renew brings the
+// lease back: after learning the slot is free. Each case is a failover in
+// which the lease survived (released after the promotion, before anyone
+// read the new replication id), one that lost it, and a restart without
+// data.
+func TestReleasedLeaseStaysReleasedWhileLearning(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		lose func(t *testing.T, srv *redistest.Server, rdb *redis.Client, c *protocol.Client, member string)
+	}{
+		{"failover, lease kept", func(t *testing.T, srv *redistest.Server, _ *redis.Client, _ *protocol.Client, _ string) {
+			promote(t, srv)
+		}},
+		{"failover, lease lost", func(t *testing.T, srv *redistest.Server, rdb *redis.Client, c *protocol.Client, member string) {
+			promote(t, srv)
+			rdb.ZRem(ctxT(t), c.Keys().Leases, member)
+		}},
+		{"restart without data", func(t *testing.T, srv *redistest.Server, _ *redis.Client, _ *protocol.Client, _ string) {
+			if err := srv.Restart(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			rdb := srv.Client(func(o *redis.Options) { o.MaxRetries = 5 })
+			c := newClient(t, rdb)
+			mustPublish(t, c, policy(1))
+			a := mustAdmit(t, c, 30*time.Second)
+			tc.lose(t, srv, rdb, c, a.Member)
+
+			if _, err := c.Release(ctxT(t), a.Member, 0, protocol.Success, 1); err != nil {
+				t.Fatal(err)
+			}
+			h, err := c.Hold(ctxT(t), []string{a.Member}, 30*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.PutBack != 0 {
+				t.Errorf("a hold that arrived after the release put the lease back: %+v", h)
+			}
+			if ok, err := c.Renew(ctxT(t), a.Member, 30*time.Second); err != nil || ok {
+				t.Errorf("a renewal that arrived after the release = %v, %v; want lost", ok, err)
+			}
+			if n := rdb.ZCard(ctxT(t), c.Keys().Leases).Val(); n > 1 {
+				t.Errorf("%d leases stored, want at most the encoding member", n)
+			}
+			if h.NoState {
+				p := policy(1)
+				p.Restored = true
+				mustPublish(t, c, p)
+			}
+			time.Sleep(protocol.LearnFor + 50*time.Millisecond)
+			mustAdmit(t, c, 30*time.Second)
+		})
+	}
+}

@@ -152,6 +152,11 @@ type Keys struct {
 	// on, per 10 s bucket ("<bucket's first second>:<version>"): what
 	// older workers make is the rest of the stats' calls (versions.lua).
 	Calls string
+	// Released is a sorted set of the leases released while the dependency
+	// learned or had no state, scored by when the record goes (ms): a hold
+	// or a renewal that reaches Redis after the release does not put them
+	// back (lib.lua remember_released).
+	Released string
 	// Changes is the pub/sub channel on which the scripts announce a change
 	// of the published state ("<epoch> <state> <limit>"). It is the state
 	// key with "state" replaced by "changes" (lib.lua changes_channel).
@@ -163,18 +168,19 @@ type Keys struct {
 func KeysFor(d Dependency) Keys {
 	p := KeyPrefix + "{" + d.Namespace + "/" + d.Name + "}:"
 	return Keys{
-		State:   p + "state",
-		Leases:  p + "leases",
-		GCRA:    p + "gcra",
-		Stats:   p + "stats",
-		Probes:  p + "probes",
-		Pools:   p + "pools",
-		Wants:   p + "wants",
-		Callers: p + "callers",
-		Clients: p + "clients",
-		Calls:   p + "calls",
-		Changes: p + "changes",
-		prefix:  p,
+		State:    p + "state",
+		Leases:   p + "leases",
+		GCRA:     p + "gcra",
+		Stats:    p + "stats",
+		Probes:   p + "probes",
+		Pools:    p + "pools",
+		Wants:    p + "wants",
+		Callers:  p + "callers",
+		Clients:  p + "clients",
+		Calls:    p + "calls",
+		Released: p + "released",
+		Changes:  p + "changes",
+		prefix:   p,
 	}
 }
 

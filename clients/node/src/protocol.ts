@@ -141,6 +141,8 @@ export class Keys {
   get clients() { return this.prefix + "clients"; }
   /** Calls by protocol version (5 on) per 10 s bucket (lib.lua count_version). */
   get calls() { return this.prefix + "calls"; }
+  /** Leases released while the dependency learned (lib.lua remember_released). */
+  get released() { return this.prefix + "released"; }
   get changes() { return this.prefix + "changes"; }
   job(key: string) { return this.prefix + "job:" + key; }
 }
@@ -266,11 +268,11 @@ export class Client {
     // Every release passes the state and probes keys (a failure may trip the
     // breaker in the fleet's path) and the calls hash (this version's calls
     // are counted, lib.lua count_version).
-    this.releaseKeys = [k.leases, k.stats, k.state, k.probes, k.calls];
+    this.releaseKeys = [k.leases, k.stats, k.state, k.probes, k.calls, k.released];
     // renew puts back a lease Redis lost while the dependency learns, which
     // it reads in the state (lib.lua learning).
-    this.renewKeys = [k.leases, k.state];
-    this.holdKeys = [k.state, k.leases];
+    this.renewKeys = [k.leases, k.state, k.released];
+    this.holdKeys = [k.state, k.leases, k.released];
     this.callerId = callerId ?? newLeaseId();
   }
 

@@ -145,6 +145,32 @@ test("restart without data: hold puts the lease back with no state; a restored p
   assert.ok(Number(await rdb.hget(c.keys.state, "learn_until_ms")) < Date.now() + 5, "learning after publishing over a stored state");
 });
 
+for (const loss of ["failover, lease kept", "failover, lease lost", "restart without data"]) {
+  test(`${loss}: a released lease stays released; a hold or renewal that arrives after the release does not put it back`, async () => {
+    // As TestReleasedLeaseStaysReleasedWhileLearning in Go: a hold sent
+    // before a call ended can reach Redis after its release, on another
+    // connection (release.lua records the lease in `released`).
+    const d = dep();
+    await publish(rdb, d, { limit: 1 });
+    const c = new P.Client(rdb, d);
+    const a = await admit(c, "a");
+    if (loss === "restart without data") {
+      await rdb.flushall();
+    } else {
+      await promote();
+      if (loss === "failover, lease lost") await rdb.zrem(c.keys.leases, a.member);
+    }
+    await c.release(a.member, "s", 1);
+    const h = await c.hold([a.member], 30_000);
+    assert.equal(h.putBack, 0, `a hold after the release put the lease back: ${JSON.stringify(h)}`);
+    assert.equal(await c.renew(a.member, 30_000), false, "a renewal after the release put the lease back");
+    assert.deepEqual(await members(c), []);
+    if (h.noState) assert.equal((await c.publish(1, { ...stateFields({ limit: 1 }), restored: 1 }))[0], 1);
+    await sleep(P.LEARN_FOR + 50);
+    await admit(c, "b");
+  });
+}
+
 // -- the guard: its running calls' leases put back by itself -------------
 
 /** A call that runs until released; resolves started once it runs. */

@@ -183,6 +183,11 @@ class Keys:
         return self.prefix + "calls"
 
     @property
+    def released(self) -> str:
+        """Leases released while the dependency learned (lib.lua remember_released)."""
+        return self.prefix + "released"
+
+    @property
     def changes(self) -> str:
         """The pub/sub channel that announces changes of the published state."""
         return self.prefix + "changes"
@@ -296,11 +301,11 @@ class Client:
         # Every release passes the state and probes keys: a failure or
         # timeout may trip the breaker in the fleet's path (lib.lua trip).
         # and the calls hash counts this version's calls (count_version).
-        self._release_keys = [k.leases, k.stats, k.state, k.probes, k.calls]
+        self._release_keys = [k.leases, k.stats, k.state, k.probes, k.calls, k.released]
         # renew puts back a lease Redis lost while the dependency learns,
         # which it reads in the state (lib.lua learning).
-        self._renew_keys = [k.leases, k.state]
-        self._hold_keys = [k.state, k.leases]
+        self._renew_keys = [k.leases, k.state, k.released]
+        self._hold_keys = [k.state, k.leases, k.released]
 
     # -- transport ---------------------------------------------------------
 

@@ -218,3 +218,31 @@ def test_hold_and_renew_put_back_with_no_state(own_redis, dep):
     assert c.hold(["a"], 30000) == P.Held(learning_ms=0, no_state=True, put_back=1)
     assert c.renew("b", 30000) is True
     assert c.live_leases() == 2
+
+
+@pytest.mark.parametrize("loss", ["failover, lease kept", "failover, lease lost", "restart without data"])
+def test_a_released_lease_stays_released_while_learning(own_redis, dep, loss):
+    # A hold or renewal sent before a call ended can reach Redis after its
+    # release, on another connection: it must not put the released lease
+    # back (release.lua records it in `released`), as
+    # TestReleasedLeaseStaysReleasedWhileLearning in Go.
+    rdb = own_redis.client()
+    publish(rdb, dep, limit=1)
+    c = P.Client(rdb, dep)
+    assert c.acquire("a", 30000).code == P.ADMITTED
+    if loss == "restart without data":
+        rdb.flushall()
+    else:
+        promote(rdb)
+        if loss == "failover, lease lost":
+            rdb.zrem(c.keys.leases, "a")
+
+    c.release("a", "s", 1)
+    h = c.hold(["a"], 30000)
+    assert h.put_back == 0, f"a hold after the release put the lease back: {h}"
+    assert c.renew("a", 30000) is False, "a renewal after the release put the lease back"
+    assert rdb.zscore(c.keys.leases, "a") is None
+    if h.no_state:
+        assert P.Client(rdb, dep).publish(2, {**state_fields(limit=1), "restored": 1})[0] == 1
+    time.sleep(P.LEARN_FOR_S + 0.05)
+    assert c.acquire("b", 30000).code == P.ADMITTED

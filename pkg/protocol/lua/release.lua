@@ -1,5 +1,6 @@
 -- release: free a lease and report the call's outcome, in one round trip.
 -- KEYS[1] leases  KEYS[2] stats  KEYS[3] state  KEYS[4] probes  KEYS[5] calls
+-- KEYS[6] released
 -- ARGV[1] member (or '' for a call admitted without a lease)  ARGV[2] outcome
 -- s|f|t|c  ARGV[3] attempt (>= 1)  [ARGV[4] the epoch that admitted the call,
 -- for a call admitted HalfOpen (0 otherwise)]  [ARGV[5] how long the call
@@ -21,13 +22,25 @@
 -- as a HalfOpen probe does, and its outcome decides the trip
 -- (orphan_verdict). A counted call counts in the calls hash too (KEYS[5],
 -- lib.lua count_version), when given.
+-- While the dependency learns, or with no state stored, the released lease
+-- is recorded (KEYS[6], lib.lua remember_released), removed or not: a hold
+-- or a renewal sent before the call ended must not put it back. Finding
+-- the learning out reads the state (and, every replid_every_ms, the
+-- replication id) as acquire does: a release can be the new master's
+-- first script.
 local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local removed = 0
 if ARGV[1] ~= '' then
   removed = redis.call('ZREM', KEYS[1], ARGV[1])
+  if KEYS[6] then
+    local st = redis.call('HMGET', KEYS[3], 'version', 'replid', 'learn_until_ms', 'replid_at_ms')
+    if not st[1] or learning(KEYS[3], st[2], st[3], st[4], now_ms) > 0 then
+      remember_released(KEYS[6], ARGV[1], now_ms)
+    end
+  end
   if removed == 0 then return 0 end
 end
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local probe, orphan = false, false
 if KEYS[4] and ARGV[4] and ARGV[4] ~= '0' then
   local st = redis.call('HMGET', KEYS[3], 'state', 'epoch', 'tripped_epoch', 'open_until_ms',

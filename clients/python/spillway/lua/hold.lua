@@ -4,10 +4,10 @@
 -- 250 ms with every lease it holds whose ttl has not passed by its own
 -- clock. It checks the replication id as acquire does, and so finds a
 -- failover out even when nothing is acquired.
--- KEYS[1] state  KEYS[2] leases
+-- KEYS[1] state  KEYS[2] leases  KEYS[3] released (lib.lua remember_released)
 -- ARGV[1] lease ttl ms  ARGV[2..] the members held
 -- Returns {ms of learning left (0: none; -1: no state is stored), members
--- put back}. Outside learning, with a state, it writes nothing: renew
+-- put back}. A lease released since is not put back. Outside learning, with a state, it writes nothing: renew
 -- extends the leases.
 local now_ms = math.floor(now_us() / 1000)
 local st = redis.call('HMGET', KEYS[1], 'version', 'replid', 'learn_until_ms', 'replid_at_ms')
@@ -16,4 +16,4 @@ if st[1] then left = learning(KEYS[1], st[2], st[3], st[4], now_ms) end
 if left == 0 then return {0, 0} end
 local members = {}
 for i = 2, #ARGV do members[#members + 1] = ARGV[i] end
-return {left, relearn(KEYS[2], members, now_ms + tonumber(ARGV[1]))}
+return {left, relearn(KEYS[2], members, now_ms + tonumber(ARGV[1]), KEYS[3], now_ms)}

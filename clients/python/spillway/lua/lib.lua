@@ -107,16 +107,34 @@ local function learning(state_key, replid, learn_until, replid_at, now_ms)
   return 0
 end
 
+-- Released leases (KEYS 'released'): while the dependency learns, or with
+-- no state stored, release records the leases it frees here for
+-- released_keep_ms. A hold or a renewal that the holder sent before its
+-- call ended can reach Redis after the release, on another connection, and
+-- would put the lease back: its slot would stay taken, by nobody, until its
+-- TTL passed. relearn puts back no lease recorded here.
+local released_keep_ms = 10000
+
+-- Records member as released at now_ms, and prunes the records that passed.
+local function remember_released(released, member, now_ms)
+  redis.call('ZREMRANGEBYSCORE', released, '-inf', int(now_ms))
+  redis.call('ZADD', released, int(now_ms + released_keep_ms), member)
+  redis.call('PEXPIRE', released, released_keep_ms)
+end
+
 -- Puts back the members of leases that are missing, at expiry: the leases
 -- a holder still holds that Redis lost (learning, or no state at all, when
 -- nobody admits). A member that is there, live or expired, is left as it
--- is. Returns how many it put back.
-local function relearn(leases, members, expiry)
+-- is, and so is one released (remember_released) when released, a key, is
+-- given. Returns how many it put back.
+local function relearn(leases, members, expiry, released, now_ms)
   if #members == 0 then return 0 end
   local scores = redis.call('ZMSCORE', leases, unpack(members))
+  local gone = {}
+  if released then gone = redis.call('ZMSCORE', released, unpack(members)) end
   local back = {}
   for i, m in ipairs(members) do
-    if not scores[i] then
+    if not scores[i] and not (gone[i] and tonumber(gone[i]) > now_ms) then
       back[#back + 1] = int(expiry)
       back[#back + 1] = m
     end
