@@ -11,8 +11,9 @@ import (
 // holder puts back the leases of the guard's per-call Permits that Redis
 // lost (docs/protocol.md §4 "Learning"): restarted without its data, or
 // failed over to a replica that missed the last writes. While at least one
-// per-call Permit runs, every protocol.HoldEvery it sends hold.lua the
-// leases whose TTL has not passed by the local clock; the script writes
+// per-call Permit runs, every protocol.HoldEvery (holdRetryEvery after a
+// failed one) it sends hold.lua the leases whose TTL has not passed by the
+// local clock; the script writes
 // nothing unless the dependency learns or Redis holds no state. Renewals
 // come only every LeaseTTL/3, too late for the second during which Redis
 // admits nothing new. Batch mode's slots are the pool's, put back by its
@@ -46,26 +47,36 @@ func (h *holder) remove(p *Permit) {
 	h.mu.Unlock()
 }
 
-// loop runs while Permits are held.
+// holdRetryEvery is how soon the holder tries again after a hold failed.
+// The learning second counts from the first script on the new server: a
+// holder that waited a whole HoldEvery after its client could reach it
+// again may miss it, the more so as go-redis's pool, after a burst of
+// failed dials, probes the server only once a second.
+const holdRetryEvery = 50 * time.Millisecond
+
+// loop runs while Permits are held: every protocol.HoldEvery, and
+// holdRetryEvery after a hold that failed.
 func (h *holder) loop() {
-	t := time.NewTicker(protocol.HoldEvery)
+	t := time.NewTimer(protocol.HoldEvery)
 	defer t.Stop()
 	for range t.C {
 		members, ok := h.live()
 		if !ok {
 			return
 		}
-		if len(members) == 0 {
-			continue
+		next := protocol.HoldEvery
+		if len(members) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), h.g.opts.RedisTimeout)
+			_, err := h.g.proto.Hold(ctx, members, h.g.opts.LeaseTTL)
+			cancel()
+			if err != nil {
+				// A Permit whose TTL passes meanwhile is lost by its own
+				// renewal.
+				h.g.metrics.redisErrors.Inc()
+				next = holdRetryEvery
+			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), h.g.opts.RedisTimeout)
-		_, err := h.g.proto.Hold(ctx, members, h.g.opts.LeaseTTL)
-		cancel()
-		if err != nil {
-			// The next tick tries again; a Permit whose TTL passes
-			// meanwhile is lost by its own renewal.
-			h.g.metrics.redisErrors.Inc()
-		}
+		t.Reset(next)
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/redistest"
@@ -61,4 +63,56 @@ func TestLeaseComesBackAfterAFailover(t *testing.T) {
 		g.Eventually(func() error { return other.Do(ctx, guard.Job{}, ok) }).
 			WithTimeout(5*time.Second).WithPolling(20*time.Millisecond).Should(Succeed(), "the slot is free once the call ended")
 	})
+}
+
+// TestHolderTriesAgainSoonAfterAFailedHold: a hold that fails (Redis down,
+// failing over, or the client's pool still dialling the old master) is
+// tried again after holdRetryEvery, not after a whole HoldEvery: the
+// learning second counts from the first script on the new server, and a
+// holder that comes back a hold period late may miss it. go-redis's pool
+// adds up to a second of its own after a burst of failed dials (it probes
+// the server once a second), so every hold period the holder loses after
+// that counts. Counted here as failed holds per second while Redis refuses
+// connections (the client dials once, at once): 4 every second with
+// HoldEvery alone.
+func TestHolderTriesAgainSoonAfterAFailedHold(t *testing.T) {
+	g := NewWithT(t)
+	ctx := t.Context()
+	srv := redistest.Start(t)
+	rdb := srv.Client(func(o *redis.Options) {
+		o.ContextTimeoutEnabled = true
+		o.MaxRetries = -1
+		o.DialerRetries = 1
+		o.PoolSize = 1024 // no dial-error fast path: the holder's own schedule is measured
+	})
+	publish(t, rdb, defaultPublished(1))
+	reg := prometheus.NewRegistry()
+	gd := newGuard(t, rdb, guard.Options{Registerer: reg})
+	errs := func() float64 { return testutil.ToFloat64(counter(t, reg, "spillway_worker_redis_errors_total")) }
+
+	running, stop, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- gd.Do(ctx, guard.Job{}, func(context.Context) error {
+			close(running)
+			<-stop
+			return nil
+		})
+	}()
+	<-running
+	srv.Stop()
+	before := errs()
+	time.Sleep(time.Second)
+	failed := errs() - before
+	g.Expect(failed).To(BeNumerically(">=", 10), "failed holds in the second Redis refused connections")
+
+	// Redis back without its data (no state: hold puts the lease back).
+	g.Expect(srv.Restart()).To(Succeed())
+	back := time.Now()
+	g.Eventually(func() int64 { return liveLeases(t, rdb, gd) }).
+		WithTimeout(protocol.HoldEvery+time.Second).WithPolling(2*time.Millisecond).
+		Should(Equal(int64(1)), "the running call's lease is back")
+	t.Logf("%v failed holds in the second Redis was down; the lease back %v after Redis answered again",
+		failed, time.Since(back).Round(time.Millisecond))
+	close(stop)
+	g.Expect(<-done).To(Succeed())
 }

@@ -581,10 +581,11 @@ export class Guard {
    * that missed their writes, or a restart without data, it puts back the
    * ones missing, and admits nothing new for LEARN_FOR meanwhile, so no
    * call is admitted into a slot a running call still holds. One hold at
-   * a time, bounded by redisTimeout; a failure is tried again at the next
-   * tick. The first tick that finds no lease held stops the timer (not the
-   * call that ends: a guard calling one at a time would make and clear a
-   * timer per call); the next admitted call starts it again.
+   * a time, bounded by redisTimeout; a failure is tried again
+   * HOLD_RETRY_EVERY later. The first tick that finds no lease held stops
+   * the timer (not the call that ends: a guard calling one at a time would
+   * make and clear a timer per call); the next admitted call starts it
+   * again.
    */
   private holdDue(): void {
     if (this.holding) return;
@@ -598,10 +599,15 @@ export class Guard {
       return;
     }
     this.holding = true;
+    let failed = false;
     this.proto.hold(members, this.ttlMs, this.redisTimeout).then(
       (h) => { this.heldBack += h.putBack; },
-      () => { this.metrics.redisErrors.inc(); }, // again at the next tick
-    ).finally(() => { this.holding = false; });
+      () => { this.metrics.redisErrors.inc(); failed = true; },
+    ).finally(() => {
+      this.holding = false;
+      // Again soon, not a whole HOLD_EVERY later, while a timer runs.
+      if (failed && this.holdTick) setTimeout(() => { if (this.holdTick) this.holdDue(); }, P.HOLD_RETRY_EVERY).unref();
+    });
   }
 
   private stopHolding(): void {

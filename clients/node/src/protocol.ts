@@ -40,6 +40,13 @@ export const CLIENT_NAME = "node";
  */
 export const HOLD_EVERY = 250;
 /**
+ * How soon a holder tries again after a hold that failed (holdRetryEvery in
+ * Go): the learning second counts from the first script on the new server,
+ * and a holder that waited a whole HOLD_EVERY after it could reach Redis
+ * again may miss it.
+ */
+export const HOLD_RETRY_EVERY = 50;
+/**
  * How long a dependency learns once Redis lost leases (lib.lua learning),
  * ms: nothing new is admitted while holders put back what they hold (Go's
  * protocol.LearnFor).

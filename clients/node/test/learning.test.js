@@ -246,6 +246,33 @@ test("guard: after a restart without data (FLUSHALL) its running call's lease is
   await g.close();
 });
 
+test("guard: a failed hold is tried again after HOLD_RETRY_EVERY, not a whole HOLD_EVERY later", async () => {
+  // As TestHolderTriesAgainSoonAfterAFailedHold in Go: the learning second
+  // counts from the first script on the new server, so a holder must not
+  // wait a whole HOLD_EVERY after a hold that failed: 4 attempts a second
+  // with HOLD_EVERY alone. The client fails at once while Redis is down.
+  const d = dep();
+  await publish(rdb, d, { limit: 1 });
+  const fast = srv.client({ enableOfflineQueue: false, maxRetriesPerRequest: 0 });
+  if (fast.status !== "ready") await new Promise((r) => fast.once("ready", r));
+  const g = new Guard(fast, d, { registry: null, redisTimeout: 100, leaseTtl: 30_000 });
+  const attempts = [];
+  const real = g.proto.hold.bind(g.proto);
+  g.proto.hold = (...args) => { attempts.push(performance.now()); return real(...args); };
+  const call = holdCall(g);
+  await call.running;
+  await srv.stop();
+  const start = performance.now();
+  await sleep(1000);
+  const n = attempts.filter((t) => t >= start && t < start + 1000).length;
+  await srv.start();
+  call.release();
+  assert.equal(await call.done, "done");
+  await g.close();
+  fast.disconnect();
+  assert.ok(n >= 10, `${n} holds in the second Redis was down`);
+});
+
 test("guard: the hold timer runs only while leases are held, and stops on close()", async () => {
   const d = dep();
   await publish(rdb, d, { limit: 2 });

@@ -229,18 +229,19 @@ class _Renewer:
     whatever it raised. While a call is scheduled, hold(permits) runs every
     hold_every seconds with the scheduled permits (docs/protocol.md §4
     "Learning": the leases Redis lost are put back within a fraction of
-    the second it admits nothing new); it stops once none is. The thread
+    the second it admits nothing new), hold_retry seconds after one that
+    failed (hold returned False); it stops once none is. The thread
     itself exits once no call has been scheduled for idle seconds."""
 
-    def __init__(self, idle: float = 5.0, hold: Optional[Callable[[list], None]] = None,
-                 hold_every: float = P.HOLD_EVERY_S):
+    def __init__(self, idle: float = 5.0, hold: Optional[Callable[[list], Optional[bool]]] = None,
+                 hold_every: float = P.HOLD_EVERY_S, hold_retry: float = P.HOLD_RETRY_EVERY_S):
         self.cond = threading.Condition()
         self.heap = []
         self.seq = itertools.count()
         self.thread: Optional[threading.Thread] = None
         self.idle = idle
         self.closed = False
-        self.hold, self.hold_every = hold, hold_every
+        self.hold, self.hold_every, self.hold_retry = hold, hold_every, hold_retry
         self.hold_at: Optional[float] = None  # the next hold, while calls are scheduled
 
     def schedule(self, when: float, permit: "Permit") -> None:
@@ -316,7 +317,10 @@ class _Renewer:
                 else:
                     heapq.heappop(self.heap)
             if held is not None:
-                self.hold(held)  # outside the lock: one round trip
+                if self.hold(held) is False:  # outside the lock: one round trip
+                    with self.cond:  # failed: again soon, not a whole hold_every later
+                        if self.hold_at is not None:
+                            self.hold_at = min(self.hold_at, time.monotonic() + self.hold_retry)
                 continue
             nxt = permit._renew()  # outside the lock: one round trip
             if nxt is not None:
@@ -674,26 +678,27 @@ class Guard:
             self._running.discard(p)
             self._lost.discard(p)
 
-    def _hold(self, permits: list) -> None:
+    def _hold(self, permits: list) -> bool:
         """Put back the leases of running calls that Redis lost (renewer
         thread, every HOLD_EVERY_S while a call is scheduled): hold.lua with
         every lease whose ttl has not passed by this process's clock and
         that the fleet still counts (a lost one is not claimed back). Outside
-        learning, with a state, it writes nothing. A failure is retried at
-        the next tick."""
+        learning, with a state, it writes nothing. False when it failed:
+        the renewer tries again after HOLD_RETRY_EVERY_S."""
         now = time.monotonic()
         members = [p.member for p in permits if not p.lost.is_set() and p._expires > now]
         if not members:
-            return
+            return True
         try:
             held = self.proto.hold(members, self._ttl_ms, timeout=self.redis_timeout)
         except Exception:
             self.metrics.redis_errors.inc()
-            return
+            return False
         self.last_held = held
         if held.put_back:
             log.info("Put back %d leases of running calls that Redis lost for %s (%s)", held.put_back,
                      self.dependency, "no state stored" if held.no_state else f"learning for {held.learning_ms} ms")
+        return True
 
     def _count_flight(self):
         with self._flight_lock:

@@ -42,6 +42,11 @@ REGISTER_EVERY_S = 15.0
 # hold (protocol.HoldEvery in Go): a fraction of LEARN_FOR_S, so that the
 # leases Redis lost are back before it admits anything new.
 HOLD_EVERY_S = 0.25
+# How soon a holder tries again after a hold that failed (holdRetryEvery in
+# Go): the learning second counts from the first script on the new server,
+# and a holder that waited a whole HOLD_EVERY_S after it could reach Redis
+# again may miss it.
+HOLD_RETRY_EVERY_S = 0.05
 # How long a dependency learns once Redis lost leases (lib.lua learning):
 # nothing new is admitted while holders put back what they hold.
 LEARN_FOR_S = 1.0

@@ -246,3 +246,30 @@ def test_a_released_lease_stays_released_while_learning(own_redis, dep, loss):
         assert P.Client(rdb, dep).publish(2, {**state_fields(limit=1), "restored": 1})[0] == 1
     time.sleep(P.LEARN_FOR_S + 0.05)
     assert c.acquire("b", 30000).code == P.ADMITTED
+
+
+def test_a_failed_hold_is_tried_again_soon(own_redis, dep, guard, running):
+    # As TestHolderTriesAgainSoonAfterAFailedHold in Go: the learning second
+    # counts from the first script on the new server, so a holder must not
+    # wait a whole HOLD_EVERY_S after a hold that failed. 4 attempts a
+    # second with HOLD_EVERY_S alone.
+    rdb = own_redis.client()
+    publish(rdb, dep, limit=1)
+    g = guard(rdb, dep)
+    attempts, real = [], g.proto.hold
+
+    def counting(*args, **kwargs):
+        attempts.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    g.proto.hold = counting
+    permit = running(g)
+    own_redis.stop()
+    start = time.monotonic()
+    time.sleep(1.0)
+    n = sum(1 for t in attempts if start <= t < start + 1.0)
+    assert n >= 10, f"{n} holds in the second Redis refused connections"
+    own_redis.start()  # empty: no state, hold puts the lease back
+    back = time.monotonic()
+    took = back_within(rdb, g.proto.keys.leases, permit.member, 2.0)
+    assert took is not None, "the guard did not put its running call's lease back"
