@@ -8,12 +8,16 @@ import (
 	"testing"
 	"time"
 
+	kedav1alpha1 "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	. "github.com/onsi/gomega"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -191,14 +195,116 @@ func TestWebhookRefusesAboveTheBound(t *testing.T) {
 		g.Expect(env.Client.Update(ctx, so)).To(Succeed(), "paused within the bound")
 	}).Should(Succeed())
 
-	// The webhook's manager stops: the same requests pass.
+	// The webhook's manager stops: the same requests pass. Each raises its
+	// value above the one before, so that the webhook, were it called,
+	// would refuse it. The controller still runs and lowers them again
+	// meanwhile: an update is read and sent again on a conflict, as kubectl
+	// does, and any other error fails the test.
 	hook.stop(t)
 	g.Expect(kubectlScale(ns, "render", 80)).To(Succeed())
+	g.Expect(updateRetryingConflicts(&appsv1.Deployment{}, ns, "render", func(o client.Object) {
+		o.(*appsv1.Deployment).Spec.Replicas = ptr.To[int32](90)
+	})).To(Succeed(), "an update of spec.replicas")
+	g.Expect(applyDeployment(ns, "render", 100, "argocd-controller", false)).To(Succeed())
+	g.Expect(applyDeployment(ns, "render", 110, "kustomize-controller", false)).To(Succeed())
+	g.Expect(updateRetryingConflicts(&kedav1alpha1.ScaledObject{}, ns, "thumbs", func(o client.Object) {
+		o.(*kedav1alpha1.ScaledObject).Spec.MaxReplicaCount = ptr.To[int32](80)
+	})).To(Succeed(), "a raised maxReplicaCount")
+	g.Expect(updateRetryingConflicts(&kedav1alpha1.ScaledObject{}, ns, "thumbs", func(o client.Object) {
+		o.SetAnnotations(map[string]string{AnnotationPausedReplicas: "50"})
+	})).To(Succeed(), "a ScaledObject paused above its bound")
+}
+
+// updateRetryingConflicts reads namespace/name into obj, applies mutate and
+// updates it, again from a fresh read on a conflict (the controller writes
+// the object meanwhile), as kubectl edit does; it returns any other error
+// at once.
+func updateRetryingConflicts(obj client.Object, namespace, name string, mutate func(client.Object)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(context.Background(), types.NamespacedName{Namespace: namespace, Name: name}, obj); err != nil {
+			return err
+		}
+		mutate(obj)
+		return env.Client.Update(context.Background(), obj, client.FieldOwner("kubectl-edit"))
+	})
+}
+
+// TestWebhookRefusesAutoscalersAndStatefulSets runs the refusals the other
+// consumer kinds get through the API server: a raised maxReplicas of an HPA
+// consumer, a raised maxReplicaCount of a ScaledObject consumer (named
+// apart from its Deployment, so that the message is seen to name the
+// ScaledObject), and kubectl scale and an update of spec.replicas of a
+// StatefulSet consumer. Then the webhook's manager stops and the same
+// requests pass.
+func TestWebhookRefusesAutoscalersAndStatefulSets(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	srv := redistest.Start(t)
+	startManager(t, ns, managerRedis(srv), testOptions)
+	hook := startWebhook(t, ns, installWebhook(t))
+
+	createDeployment(t, ns, "thumbs", 3)
+	createScaledObject(t, ns, "thumbs-scaler", deployment("thumbs"), nil, ptr.To[int32](30))
+	createDeployment(t, ns, "reports", 6)
+	createHPA(t, ns, "reports-hpa", "reports", ptr.To[int32](2), 50)
+	sts := statefulSetObj(ns, "render", 80)
+	g.Expect(env.Client.Create(ctx, sts)).To(Succeed())
+	spec := testSpec("thumbs-scaler")
+	render := spillwayv1alpha1.Consumer{ScaleTargetRef: &spillwayv1alpha1.ScaleTargetRef{Kind: "StatefulSet", Name: "render"}, SlotsPerReplica: 2, Weight: 2}
+	spec.Consumers = append(spec.Consumers, hpaConsumer("reports-hpa"), render)
+	createPolicy(t, ns, "template-api", spec)
+	// 40 slots, 1:1:2: 10 for each autoscaler, 20 calls for render at 2 per
+	// replica.
+	g.Eventually(replicasOf(ns, "thumbs-scaler")).Should(Equal("min=unset max=10"))
+	g.Eventually(hpaReplicasOf(ns, "reports-hpa")).Should(Equal("min=2 max=10"))
+	g.Eventually(scaleOf(sts)).Should(Equal(int32(10)))
+	g.Eventually(func(g Gomega) map[string]string { return metadataOf(g, sts).GetLabels() }).Should(HaveKey(LabelBoundedBy))
+
+	const why = "; raise spec.capacity.concurrency of the DependencyPolicy if the dependency can serve more, or the consumer's weight"
+	prefix := "spillway: " + ns + "/template-api serves 40 concurrent calls, "
+
+	// An HPA's maxReplicas raised above the bound.
 	g.Eventually(func(g Gomega) {
-		so := getScaledObject(g, ns, "thumbs")
-		so.Annotations[AnnotationPausedReplicas] = "50"
-		g.Expect(env.Client.Update(ctx, so)).To(Succeed())
+		hpa := getHPA(g, ns, "reports-hpa")
+		hpa.Spec.MaxReplicas = 70
+		expectRefused(g, env.Client.Update(ctx, hpa), prefix+"reports-hpa's share is 1/4 of them and reports-hpa makes 1 per replica, so at most 10 replicas (spec.maxReplicas asks for 70)"+why)
 	}).Should(Succeed())
+	// A ScaledObject's maxReplicaCount raised above the bound: the message
+	// names the ScaledObject, not its Deployment.
+	g.Eventually(func(g Gomega) {
+		so := getScaledObject(g, ns, "thumbs-scaler")
+		so.Spec.MaxReplicaCount = ptr.To[int32](80)
+		expectRefused(g, env.Client.Update(ctx, so), prefix+"thumbs-scaler's share is 1/4 of them and thumbs-scaler makes 1 per replica, so at most 10 replicas (spec.maxReplicaCount asks for 80)"+why)
+	}).Should(Succeed())
+	// A StatefulSet scaled above the bound, through /scale and spec.replicas.
+	wantSTS := prefix + "render's share is 2/4 of them and render makes 2 per replica, so at most 10 replicas (asked for 80)" + why
+	g.Eventually(func(g Gomega) { expectRefused(g, kubectlScaleObject(sts, 80), wantSTS) }).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		got := &appsv1.StatefulSet{}
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(sts), got)).To(Succeed())
+		got.Spec.Replicas = ptr.To[int32](80)
+		expectRefused(g, env.Client.Update(ctx, got, client.FieldOwner("kubectl-edit")), wantSTS)
+	}).Should(Succeed())
+	// Within the bound, all pass.
+	g.Expect(kubectlScaleObject(sts, 8)).To(Succeed(), "below the bound")
+	g.Expect(updateRetryingConflicts(&autoscalingv2.HorizontalPodAutoscaler{}, ns, "reports-hpa", func(o client.Object) {
+		o.(*autoscalingv2.HorizontalPodAutoscaler).Spec.MaxReplicas = 10
+	})).To(Succeed(), "an HPA max at the bound")
+
+	// The webhook's manager stops: the same requests pass.
+	hook.stop(t)
+	g.Expect(updateRetryingConflicts(&autoscalingv2.HorizontalPodAutoscaler{}, ns, "reports-hpa", func(o client.Object) {
+		o.(*autoscalingv2.HorizontalPodAutoscaler).Spec.MaxReplicas = 70
+	})).To(Succeed(), "a raised maxReplicas")
+	g.Expect(updateRetryingConflicts(&kedav1alpha1.ScaledObject{}, ns, "thumbs-scaler", func(o client.Object) {
+		o.(*kedav1alpha1.ScaledObject).Spec.MaxReplicaCount = ptr.To[int32](80)
+	})).To(Succeed(), "a raised maxReplicaCount")
+	g.Expect(kubectlScaleObject(sts, 80)).To(Succeed())
+	g.Expect(updateRetryingConflicts(&appsv1.StatefulSet{}, ns, "render", func(o client.Object) {
+		o.(*appsv1.StatefulSet).Spec.Replicas = ptr.To[int32](90)
+	})).To(Succeed(), "an update of spec.replicas")
 }
 
 // TestWebhookIgnoresUnboundWorkloads: a Deployment no policy names is

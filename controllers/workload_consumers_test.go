@@ -41,14 +41,20 @@ func deploymentReplicas(ns, name string) func(Gomega) int32 {
 // kubectlScale sets a Deployment's replicas through its scale subresource,
 // as kubectl scale does.
 func kubectlScale(ns, name string, replicas int32) error {
-	scale := &autoscalingv1.Scale{}
 	d := &appsv1.Deployment{}
 	d.Namespace, d.Name = ns, name
-	if err := env.Client.SubResource("scale").Get(context.Background(), d, scale); err != nil {
+	return kubectlScaleObject(d, replicas)
+}
+
+// kubectlScaleObject sets the replicas of workload obj (its namespace and
+// name set) through its scale subresource, as kubectl scale does.
+func kubectlScaleObject(obj client.Object, replicas int32) error {
+	scale := &autoscalingv1.Scale{}
+	if err := env.Client.SubResource("scale").Get(context.Background(), obj, scale); err != nil {
 		return err
 	}
 	scale.Spec.Replicas = replicas
-	return env.Client.SubResource("scale").Update(context.Background(), d, client.WithSubResourceBody(scale), client.FieldOwner("kubectl"))
+	return env.Client.SubResource("scale").Update(context.Background(), obj, client.WithSubResourceBody(scale), client.FieldOwner("kubectl"))
 }
 
 // setConsumers sets a policy's consumers with a merge patch (the controller
@@ -94,6 +100,8 @@ func TestWorkloadConsumerLifecycle(t *testing.T) {
 		return getPolicy(g, ns, "template-api").Status.Workloads
 	}).Should(Equal([]spillwayv1alpha1.ScaleTargetRef{{APIVersion: "apps/v1", Kind: "Deployment", Name: "render"}}))
 	g.Eventually(eventReasons(ns, "template-api")).Should(ContainElement(EventBounded))
+	g.Eventually(eventMessages(ns, "template-api", EventBounded)).Should(ContainElement(
+		"Deployment render: replicas 80 -> 10: at most 10 replicas call the dependency within its capacity of 40 (the user's replicas, 80, come back when the policy lets go)"))
 
 	// A person scales below the bound: theirs, recorded, and not raised.
 	g.Expect(kubectlScale(ns, "render", 4)).To(Succeed())
@@ -109,6 +117,8 @@ func TestWorkloadConsumerLifecycle(t *testing.T) {
 		return getDeployment(g, ns, "render").Annotations[AnnotationOriginalReplicas]
 	}).Should(Equal(`{"replicas":30,"applied":10}`))
 	g.Eventually(deploymentReplicas(ns, "render")).Should(Equal(int32(10)))
+	g.Eventually(eventMessages(ns, "template-api", EventBounded)).Should(ContainElement(
+		"Deployment render: replicas 30 -> 10: at most 10 replicas call the dependency within its capacity of 40 (the user's replicas, 30, come back when the policy lets go)"))
 
 	// The consumer leaves the spec: its replicas are back, Spillway owns
 	// nothing in it, and status forgets it.
@@ -140,7 +150,7 @@ func TestWorkloadConsumerLifecycle(t *testing.T) {
 	g.Expect(*d.Spec.Replicas).To(Equal(int32(30)))
 	g.Expect(d.Labels).NotTo(HaveKey(LabelBoundedBy))
 	g.Expect(d.Annotations).NotTo(HaveKey(AnnotationOwner))
-	g.Eventually(eventReasons(ns, "template-api")).Should(ContainElement(EventRestored))
+	g.Eventually(eventMessages(ns, "template-api", EventRestored)).Should(ContainElement("Deployment render: the user's replicas are back: 10 -> 30"))
 }
 
 // TestAutoscaledWorkloadIsRefused: a Deployment that an HPA scales cannot be
@@ -197,4 +207,124 @@ func TestManagerRoleBoundsWorkloads(t *testing.T) {
 
 	g.Expect(env.Client.Delete(ctx, pol)).To(Succeed())
 	g.Eventually(deploymentReplicas(ns, "mailer")).Should(Equal(int32(60)))
+}
+
+// statefulSetObj is a StatefulSet with replicas; no controller runs in
+// envtest to start its pods.
+func statefulSetObj(ns, name string, replicas int32) *appsv1.StatefulSet {
+	d := deploymentObj(ns, name, replicas)
+	return &appsv1.StatefulSet{
+		ObjectMeta: d.ObjectMeta,
+		Spec:       appsv1.StatefulSetSpec{Replicas: d.Spec.Replicas, Selector: d.Spec.Selector, Template: d.Spec.Template, ServiceName: name},
+	}
+}
+
+// replicaSetObj is a ReplicaSet with replicas.
+func replicaSetObj(ns, name string, replicas int32) *appsv1.ReplicaSet {
+	d := deploymentObj(ns, name, replicas)
+	return &appsv1.ReplicaSet{
+		ObjectMeta: d.ObjectMeta,
+		Spec:       appsv1.ReplicaSetSpec{Replicas: d.Spec.Replicas, Selector: d.Spec.Selector, Template: d.Spec.Template},
+	}
+}
+
+// scaleOf polls the spec.replicas of workload obj's scale subresource.
+func scaleOf(obj client.Object) func(Gomega) int32 {
+	return func(g Gomega) int32 {
+		scale := &autoscalingv1.Scale{}
+		g.Expect(env.Client.SubResource("scale").Get(context.Background(), obj, scale)).To(Succeed())
+		return scale.Spec.Replicas
+	}
+}
+
+// metadataOf reads workload obj afresh (into a copy) for its metadata.
+func metadataOf(g Gomega, obj client.Object) client.Object {
+	fresh := obj.DeepCopyObject().(client.Object)
+	g.Expect(env.Client.Get(context.Background(), client.ObjectKeyFromObject(obj), fresh)).To(Succeed())
+	return fresh
+}
+
+// TestStatefulSetAndReplicaSetConsumers bounds the other workload kinds a
+// scaleTargetRef names through their scale subresource, as Deployments
+// are: a StatefulSet and a ReplicaSet above their share scaled down with
+// their users' replicas recorded and an Event each, a kubectl scale of the
+// StatefulSet above the bound recorded as the user's and lowered again, its
+// replicas back when it leaves the spec, and the ReplicaSet's when the
+// policy is deleted.
+func TestStatefulSetAndReplicaSetConsumers(t *testing.T) {
+	t.Parallel()
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	srv := redistest.Start(t)
+	startManager(t, ns, managerRedis(srv), testOptions)
+
+	sts := statefulSetObj(ns, "render", 80)
+	rs := replicaSetObj(ns, "mailer", 50)
+	g.Expect(env.Client.Create(ctx, sts)).To(Succeed())
+	g.Expect(env.Client.Create(ctx, rs)).To(Succeed())
+	spec := testSpec()
+	render := spillwayv1alpha1.Consumer{ScaleTargetRef: &spillwayv1alpha1.ScaleTargetRef{Kind: "StatefulSet", Name: "render"}, SlotsPerReplica: 2}
+	mailer := spillwayv1alpha1.Consumer{ScaleTargetRef: &spillwayv1alpha1.ScaleTargetRef{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "mailer"}}
+	spec.Consumers = []spillwayv1alpha1.Consumer{render, mailer}
+	createPolicy(t, ns, "template-api", spec)
+
+	// 40 slots, 1:1: 20 for each; render makes 2 calls per replica.
+	g.Eventually(scaleOf(sts)).Should(Equal(int32(10)))
+	g.Eventually(scaleOf(rs)).Should(Equal(int32(20)))
+	g.Eventually(conditionOf(ns, "template-api", ConditionConsumersBounded)).Should(Equal("True/Bounded"))
+	for _, w := range []struct {
+		obj    client.Object
+		record string
+	}{{sts, `{"replicas":80,"applied":10}`}, {rs, `{"replicas":50,"applied":20}`}} {
+		got := metadataOf(g, w.obj)
+		g.Expect(got.GetAnnotations()).To(HaveKeyWithValue(AnnotationOriginalReplicas, w.record), w.obj.GetName())
+		g.Expect(got.GetAnnotations()).To(HaveKeyWithValue(AnnotationOwner, "template-api"), w.obj.GetName())
+		g.Expect(got.GetLabels()).To(HaveKeyWithValue(LabelBoundedBy, "template-api"), w.obj.GetName())
+	}
+	g.Eventually(func(g Gomega) []spillwayv1alpha1.ScaleTargetRef {
+		return getPolicy(g, ns, "template-api").Status.Workloads
+	}).Should(Equal([]spillwayv1alpha1.ScaleTargetRef{
+		{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "mailer"},
+		{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "render"},
+	}))
+	g.Eventually(eventMessages(ns, "template-api", EventBounded)).Should(ContainElements(
+		"StatefulSet render: replicas 80 -> 10: at most 10 replicas call the dependency within its capacity of 40 (the user's replicas, 80, come back when the policy lets go)",
+		"ReplicaSet mailer: replicas 50 -> 20: at most 20 replicas call the dependency within its capacity of 40 (the user's replicas, 50, come back when the policy lets go)",
+	))
+
+	// kubectl scale of the StatefulSet above the bound (no webhook here):
+	// the user's new replicas, recorded, and lowered to the bound again.
+	g.Expect(kubectlScaleObject(sts, 30)).To(Succeed())
+	g.Eventually(func(g Gomega) string {
+		return metadataOf(g, sts).GetAnnotations()[AnnotationOriginalReplicas]
+	}).Should(Equal(`{"replicas":30,"applied":10}`))
+	g.Eventually(scaleOf(sts)).Should(Equal(int32(10)))
+
+	// The StatefulSet leaves the spec: its replicas are back, and Spillway
+	// owns nothing in it; the ReplicaSet stays bounded.
+	setConsumers(g, ns, "template-api", mailer)
+	g.Eventually(scaleOf(sts)).Should(Equal(int32(30)))
+	g.Eventually(func(g Gomega) {
+		got := metadataOf(g, sts)
+		g.Expect(got.GetAnnotations()).NotTo(HaveKey(AnnotationOwner))
+		g.Expect(got.GetAnnotations()).NotTo(HaveKey(AnnotationOriginalReplicas))
+		g.Expect(got.GetLabels()).NotTo(HaveKey(LabelBoundedBy))
+		g.Expect(managersOf(got)).NotTo(ContainElements(FieldManager, MetadataFieldOwner))
+	}).Should(Succeed())
+	// mailer alone has all 40 slots now: 40 is below its user's 50.
+	g.Eventually(scaleOf(rs)).Should(Equal(int32(40)))
+	g.Eventually(eventMessages(ns, "template-api", EventRestored)).Should(ContainElement("StatefulSet render: the user's replicas are back: 10 -> 30"))
+
+	// The policy is deleted: the ReplicaSet's replicas are back.
+	g.Expect(env.Client.Delete(ctx, getPolicy(g, ns, "template-api"))).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		err := env.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "template-api"}, &spillwayv1alpha1.DependencyPolicy{})
+		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the finalizer is removed")
+	}).Should(Succeed())
+	g.Expect(scaleOf(rs)(g)).To(Equal(int32(50)))
+	got := metadataOf(g, rs)
+	g.Expect(got.GetLabels()).NotTo(HaveKey(LabelBoundedBy))
+	g.Expect(got.GetAnnotations()).NotTo(HaveKey(AnnotationOwner))
+	g.Eventually(eventMessages(ns, "template-api", EventRestored)).Should(ContainElement("ReplicaSet mailer: the user's replicas are back: 40 -> 50"))
 }
