@@ -60,14 +60,18 @@ func (h *holder) loop() {
 	t := time.NewTimer(protocol.HoldEvery)
 	defer t.Stop()
 	for range t.C {
-		members, ok := h.live()
+		held, ok := h.live()
 		if !ok {
 			return
 		}
 		next := protocol.HoldEvery
-		if len(members) > 0 {
+		if len(held) > 0 {
+			members := make([]string, len(held))
+			for i, p := range held {
+				members[i] = p.member
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), h.g.opts.RedisTimeout)
-			_, err := h.g.proto.Hold(ctx, members, h.g.opts.LeaseTTL)
+			res, err := h.g.proto.Hold(ctx, members, h.g.opts.LeaseTTL)
 			cancel()
 			if err != nil {
 				// A Permit whose TTL passes meanwhile is lost by its own
@@ -75,17 +79,41 @@ func (h *holder) loop() {
 				h.g.metrics.redisErrors.Inc()
 				next = holdRetryEvery
 			}
+			h.cut(held, res.Lost)
 		}
 		t.Reset(next)
 	}
 }
 
-// live returns the leases of the held Permits whose TTL has not passed by
-// the local clock, at most protocol.MaxPoolMembers of them; false when none
-// is held, and then the loop stops. Each Permit's lock is taken after h.mu
-// is released: a renewal holds it for a round trip, and admissions and
-// Done (add, remove) must not wait behind that.
-func (h *holder) live() ([]string, bool) {
+// cut stops the calls of the held Permits whose leases hold named lost:
+// their holder came back after the learning second, and another call may
+// hold their slots. A Permit done meanwhile released its lease itself.
+func (h *holder) cut(held []*Permit, lost []string) {
+	if len(lost) == 0 {
+		return
+	}
+	gone := make(map[string]struct{}, len(lost))
+	for _, m := range lost {
+		gone[m] = struct{}{}
+	}
+	for _, p := range held {
+		if _, ok := gone[p.member]; !ok {
+			continue
+		}
+		p.mu.Lock()
+		if !p.done {
+			p.lost()
+		}
+		p.mu.Unlock()
+	}
+}
+
+// live returns the held Permits whose leases' TTL has not passed by the
+// local clock, at most protocol.MaxPoolMembers of them; false when none is
+// held, and then the loop stops. Each Permit's lock is taken after h.mu is
+// released: a renewal holds it for a round trip, and admissions and Done
+// (add, remove) must not wait behind that.
+func (h *holder) live() ([]*Permit, bool) {
 	h.mu.Lock()
 	if len(h.permits) == 0 {
 		h.running = false
@@ -101,13 +129,13 @@ func (h *holder) live() ([]string, bool) {
 	}
 	h.mu.Unlock()
 	now := time.Now()
-	members := make([]string, 0, len(held))
+	live := held[:0]
 	for _, p := range held {
 		p.mu.Lock()
 		if !p.done && now.Before(p.expires) {
-			members = append(members, p.member)
+			live = append(live, p)
 		}
 		p.mu.Unlock()
 	}
-	return members, true
+	return live, true
 }

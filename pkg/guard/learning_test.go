@@ -116,3 +116,35 @@ func TestHolderTriesAgainSoonAfterAFailedHold(t *testing.T) {
 	close(stop)
 	g.Expect(<-done).To(Succeed())
 }
+
+// TestHoldCutsACallWhoseLeaseTheFleetLost: a holder that reaches Redis
+// after the learning second (its client came back late) finds its lease
+// gone, and another call may already hold the slot. Its hold names the
+// lease lost, and the call is cancelled with ErrLeaseLost at once, not at
+// its next renewal (LeaseTTL/3, 10 s by default): the time over the cap is
+// bounded by the holder's return, not by the call's length.
+func TestHoldCutsACallWhoseLeaseTheFleetLost(t *testing.T) {
+	g := NewWithT(t)
+	ctx := t.Context()
+	srv := redistest.Start(t)
+	rdb := fastClient(srv)
+	publish(t, rdb, defaultPublished(1))
+	gd := newGuard(t, rdb, guard.Options{})
+
+	running, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- gd.Do(ctx, guard.Job{}, func(ctx context.Context) error {
+			close(running)
+			<-ctx.Done()
+			return context.Cause(ctx)
+		})
+	}()
+	<-running
+	// Redis lost the lease and learned while this holder could not reach it.
+	g.Expect(rdb.Del(ctx, protocol.KeysFor(gd.Dependency()).Leases).Err()).To(Succeed())
+	lost := time.Now()
+	var err error
+	g.Eventually(done).WithTimeout(protocol.HoldEvery+time.Second).Should(Receive(&err), "the call is cut at the next hold")
+	g.Expect(err).To(MatchError(guard.ErrLeaseLost))
+	t.Logf("the call was cut %v after its lease was lost", time.Since(lost).Round(time.Millisecond))
+}

@@ -286,6 +286,11 @@ type Held struct {
 	NoState bool
 	// PutBack counts the members that were missing and were put back.
 	PutBack int64
+	// Lost names the members the fleet no longer counts, outside learning
+	// with a state: missing, or expired by Redis's clock. Their holder came
+	// back after the learning second and another call may hold their slot;
+	// their calls must stop, as after a renewal that found them lost.
+	Lost []string
 }
 
 // Hold puts back the leases a process holds that Redis lost (docs/protocol.md
@@ -312,6 +317,19 @@ func (c *Client) Hold(ctx context.Context, members []string, ttl time.Duration) 
 		return Held{}, err
 	}
 	h := Held{PutBack: n}
+	if len(res) > 2 {
+		lost, ok := res[2].([]any)
+		if !ok {
+			return Held{}, fmt.Errorf("hold answered %T for the lost leases, want an array", res[2])
+		}
+		for _, m := range lost {
+			s, ok := m.(string)
+			if !ok {
+				return Held{}, fmt.Errorf("hold answered %T for a lost lease, want a string", m)
+			}
+			h.Lost = append(h.Lost, s)
+		}
+	}
 	if left < 0 {
 		h.NoState = true
 	} else {

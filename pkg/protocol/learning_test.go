@@ -75,8 +75,9 @@ func TestFailoverLearnsBeforeAdmitting(t *testing.T) {
 	// Outside learning hold writes nothing, and a lease the fleet stopped
 	// counting is not put back.
 	rdb.ZRem(ctxT(t), c.Keys().Leases, b.Member)
-	if h, err := c.Hold(ctxT(t), []string{b.Member}, 30*time.Second); err != nil || h != (protocol.Held{}) {
-		t.Fatalf("Hold outside learning = %+v, %v; want nothing", h, err)
+	if h, err := c.Hold(ctxT(t), []string{a.Member, b.Member}, 30*time.Second); err != nil || h.Learning != 0 || h.NoState || h.PutBack != 0 ||
+		len(h.Lost) != 1 || h.Lost[0] != b.Member {
+		t.Fatalf("Hold outside learning = %+v, %v; want nothing put back, and %s named lost (the fleet no longer counts it)", h, err, b.Member)
 	}
 	if ok, err := c.Renew(ctxT(t), b.Member, 30*time.Second); err != nil || ok {
 		t.Fatalf("Renew of a missing lease outside learning = %v, %v; want lost", ok, err)

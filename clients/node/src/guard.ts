@@ -318,7 +318,8 @@ class Permit {
     g.renewals++;
   }
 
-  private lose(): void {
+  /** @internal The lease is gone (a renewal or the guard's hold found it lost). */
+  lose(): void {
     this.g.metrics.leaseLost.inc();
     this.markLost(new E.LeaseLost(this.g.jitterUp(this.g.deferDelay)));
   }
@@ -590,18 +591,26 @@ export class Guard {
   private holdDue(): void {
     if (this.holding) return;
     const now = performance.now();
-    const members: string[] = [];
+    const held: Permit[] = [];
     for (const p of this.running) {
-      if (!p.local && !p.done && !p.lost && now < p.expires) members.push(p.member);
+      if (!p.local && !p.done && !p.lost && now < p.expires) held.push(p);
     }
-    if (members.length === 0) {
+    if (held.length === 0) {
       this.stopHolding();
       return;
     }
     this.holding = true;
     let failed = false;
-    this.proto.hold(members, this.ttlMs, this.redisTimeout).then(
-      (h) => { this.heldBack += h.putBack; },
+    this.proto.hold(held.map((p) => p.member), this.ttlMs, this.redisTimeout).then(
+      (h) => {
+        this.heldBack += h.putBack;
+        // Back after the learning second: another call may hold these
+        // slots. Stop the calls now, not at their next renewal.
+        if (h.lost.length > 0) {
+          const lost = new Set(h.lost);
+          for (const p of held) if (lost.has(p.member) && !p.done && !p.lost) p.lose();
+        }
+      },
       () => { this.metrics.redisErrors.inc(); failed = true; },
     ).finally(() => {
       this.holding = false;

@@ -210,6 +210,13 @@ export interface Held {
   noState: boolean;
   /** How many of the members were missing and were put back. */
   putBack: number;
+  /**
+   * Outside learning, with a state: the members the fleet no longer counts
+   * (missing, or expired by Redis's clock). Their holder came back after the
+   * learning second and another call may hold their slots: their calls
+   * must stop, as after a renewal that found them lost.
+   */
+  lost: string[];
 }
 
 export interface BudgetDecision {
@@ -382,7 +389,8 @@ export class Client {
     if (!(ttlMs >= 1)) throw new RangeError(`lease ttl must be at least 1ms, got ${ttlMs}`);
     const res = list(await this.run(SCRIPTS.hold, this.holdKeys, [Math.floor(ttlMs), ...members], timeoutMs), "hold", 2);
     const left = int(res[0]);
-    return { learningMs: Math.max(left, 0), noState: left < 0, putBack: int(res[1]) };
+    const lost = res.length > 2 ? list(res[2], "hold lost", 0).map((m) => text(m)) : [];
+    return { learningMs: Math.max(left, 0), noState: left < 0, putBack: int(res[1]), lost };
   }
 
   /**

@@ -8,7 +8,7 @@
 import { test, beforeEach, afterEach } from "node:test";
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
-import { Guard, Throttled, NoPolicy, protocol as P, VERSION } from "../dist/index.js";
+import { Guard, Throttled, NoPolicy, LeaseLost, protocol as P, VERSION } from "../dist/index.js";
 import { RedisServer, dep, publish, stateFields } from "./helpers.js";
 
 let srv, rdb;
@@ -102,7 +102,8 @@ test("failover: the first admission is refused while learning, hold puts the lea
   // Outside learning hold writes nothing, and a lease the fleet stopped
   // counting is not put back.
   await rdb.zrem(c.keys.leases, b.member);
-  assert.deepEqual(await c.hold([b.member], 30_000), { learningMs: 0, noState: false, putBack: 0 });
+  assert.deepEqual(await c.hold([a.member, b.member], 30_000), { learningMs: 0, noState: false, putBack: 0, lost: [b.member] },
+    "outside learning hold puts nothing back, and names the lease the fleet no longer counts");
   assert.equal(await c.renew(b.member, 30_000), false, "a renewal of a missing lease outside learning is lost");
   await admit(c, "z");
 });
@@ -127,7 +128,7 @@ test("restart without data: hold puts the lease back with no state; a restored p
   const a = await admit(c, "a");
   await rdb.flushall();
   const h = await c.hold([a.member], 30_000);
-  assert.deepEqual(h, { learningMs: 0, noState: true, putBack: 1 }, "hold with no state puts the lease back");
+  assert.deepEqual(h, { learningMs: 0, noState: true, putBack: 1, lost: [] }, "hold with no state puts the lease back");
   assert.deepEqual(await members(c), [a.member]);
   await assert.rejects(c.acquire("n", 30_000), P.NoPolicyError, "nobody admits without a state");
 
@@ -271,6 +272,30 @@ test("guard: a failed hold is tried again after HOLD_RETRY_EVERY, not a whole HO
   await g.close();
   fast.disconnect();
   assert.ok(n >= 10, `${n} holds in the second Redis was down`);
+});
+
+test("guard: a hold outside learning cuts a call whose lease the fleet lost, at once, not at its next renewal", async () => {
+  // As TestHoldCutsACallWhoseLeaseTheFleetLost in Go: a holder back after
+  // the learning second finds its lease gone, and another call may hold
+  // the slot already.
+  const d = dep();
+  await publish(rdb, d, { limit: 1 });
+  const g = guard(d);
+  let signal;
+  const done = g.do({}, async (s) => {
+    signal = s;
+    await new Promise((r) => signal.addEventListener("abort", r, { once: true }));
+    throw signal.reason;
+  }).catch((e) => e);
+  for (let i = 0; i < 200 && !signal; i++) await sleep(5);
+  assert.ok(signal, "the call did not start");
+  await rdb.del(g.proto.keys.leases);
+  const start = performance.now();
+  const err = await Promise.race([done, sleep(P.HOLD_EVERY + 1000).then(() => "still running")]);
+  assert.notEqual(err, "still running", "the call was not cut at the next hold");
+  assert.ok(signal.reason instanceof LeaseLost, `the call's signal says ${signal.reason}, want LeaseLost`);
+  assert.ok(performance.now() - start <= P.HOLD_EVERY + 1000);
+  await g.close();
 });
 
 test("guard: the hold timer runs only while leases are held, and stops on close()", async () => {

@@ -377,8 +377,8 @@ class Permit:
         """One renewal; the delay to the next, or None to stop."""
         g = self._g
         with self._lock:
-            if self._done:
-                return None
+            if self._done or self.lost.is_set():
+                return None  # a lost lease is not renewed (hold may have found it lost)
             now = time.monotonic()
             if now >= self._end_of_life:
                 self.lifetime_exceeded = True
@@ -686,7 +686,8 @@ class Guard:
         learning, with a state, it writes nothing. False when it failed:
         the renewer tries again after HOLD_RETRY_EVERY_S."""
         now = time.monotonic()
-        members = [p.member for p in permits if not p.lost.is_set() and p._expires > now]
+        live = [p for p in permits if not p.lost.is_set() and p._expires > now]
+        members = [p.member for p in live]
         if not members:
             return True
         try:
@@ -695,6 +696,15 @@ class Guard:
             self.metrics.redis_errors.inc()
             return False
         self.last_held = held
+        if held.lost:
+            # Back after the learning second: another call may hold these
+            # slots. Stop the calls now, not at their next renewal.
+            lost = set(held.lost)
+            for p in live:
+                if p.member in lost:
+                    with p._lock:
+                        if not p._done and not p.lost.is_set():
+                            p._lose()
         if held.put_back:
             log.info("Put back %d leases of running calls that Redis lost for %s (%s)", held.put_back,
                      self.dependency, "no state stored" if held.no_state else f"learning for {held.learning_ms} ms")

@@ -24,7 +24,7 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import redis
 from redis.exceptions import NoScriptError, ResponseError
@@ -269,10 +269,15 @@ class Held:
     is not learning. no_state: Redis holds no state for the dependency (lost
     with its data, or never published): nobody admits, and the leases were
     put back as while learning. put_back: the members that were missing and
-    were put back."""
+    were put back. lost: outside learning, with a state, the members the
+    fleet no longer counts (missing, or expired by Redis's clock): their
+    holder came back after the learning second and another call may hold
+    their slots, so their calls must stop, as after a renewal that found
+    them lost."""
     learning_ms: int = 0
     no_state: bool = False
     put_back: int = 0
+    lost: Tuple[str, ...] = ()
 
 
 @dataclass
@@ -423,9 +428,10 @@ class Client:
             raise ValueError(f"lease ttl must be at least 1ms, got {ttl_ms}")
         res = self.run(SCRIPTS["hold"], self._hold_keys, [int(ttl_ms), *members], timeout)
         left, n = _int(res[0]), _int(res[1])
+        lost = tuple(m.decode() if isinstance(m, bytes) else str(m) for m in (res[2] if len(res) > 2 else ()))
         if left < 0:
-            return Held(learning_ms=0, no_state=True, put_back=n)
-        return Held(learning_ms=left, no_state=False, put_back=n)
+            return Held(learning_ms=0, no_state=True, put_back=n, lost=lost)
+        return Held(learning_ms=left, no_state=False, put_back=n, lost=lost)
 
     def release(self, member: str, outcome: str, attempt: int, epoch: int = 0,
                 timeout: Optional[float] = None, took: Optional[float] = None) -> bool:

@@ -186,7 +186,7 @@ def test_hold_puts_back_only_while_learning(own_redis, dep):
     # Outside learning hold writes nothing, and a lease the fleet stopped
     # counting is not put back, by hold or by renew.
     rdb.zrem(c.keys.leases, "b")
-    assert c.hold(["b"], 30000) == P.Held()
+    assert c.hold(["a", "b"], 30000) == P.Held(lost=("b",)), "b is named lost: the fleet no longer counts it"
     assert c.renew("b", 30000) is False
     assert c.acquire("y", 30000).code == P.ADMITTED
 
@@ -273,3 +273,16 @@ def test_a_failed_hold_is_tried_again_soon(own_redis, dep, guard, running):
     back = time.monotonic()
     took = back_within(rdb, g.proto.keys.leases, permit.member, 2.0)
     assert took is not None, "the guard did not put its running call's lease back"
+
+
+def test_a_hold_outside_learning_cuts_a_call_whose_lease_the_fleet_lost(own_redis, dep, guard, running):
+    # As TestHoldCutsACallWhoseLeaseTheFleetLost in Go: a holder back after
+    # the learning second finds its lease gone; its call is cut at that
+    # hold, not at its next renewal (lease_ttl / 3).
+    rdb = own_redis.client()
+    publish(rdb, dep, limit=1)
+    g = guard(rdb, dep)
+    permit = running(g)
+    rdb.delete(g.proto.keys.leases)
+    assert permit.lost.wait(P.HOLD_EVERY_S + 1.0), "the call was not cut at the next hold"
+    assert g.last_held is not None and g.last_held.lost == (permit.member,), g.last_held
