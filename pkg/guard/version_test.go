@@ -196,3 +196,42 @@ func TestFailedCallUnderAnUnservedVersionSaysSo(t *testing.T) {
 		}
 	})
 }
+
+// TestBatchPoolGivesItsSlotsBackUnderAnUnservedVersion: a batching process
+// holding slots when the state turns to a version it does not act on (the
+// manager rolled to a version outside the skew) stops taking local slots
+// within a refresh, defers its calls with ErrVersion, and gives its idle
+// slots back, as it does when the breaker opens: left in Redis, they would
+// hold part of the limit of the workers that are served for a lease TTL.
+//
+// It fails today: the pool drops its slots and defers, but its slots stay
+// held in Redis (3 of a limit of 5) until their leases expire, because
+// pool.lua answers the version refusal before it handles the members the
+// request gives back (and the process sends no release for them). The Lua
+// and pkg/guard's code are the lead's to change: skipped until fixed.
+func TestBatchPoolGivesItsSlotsBackUnderAnUnservedVersion(t *testing.T) {
+	t.Skip("known defect, pool.lua: a pool request refused for the state's version gives nothing back, so a batching process's idle slots stay held for a lease TTL; unskip with the fix")
+	g := NewWithT(t)
+	rdb := fastClient(redistest.Start(t))
+	publish(t, rdb, defaultPublished(5))
+	reg := prometheus.NewRegistry()
+	gd := newGuard(t, rdb, guard.Options{Registerer: reg, Batch: guard.BatchOptions{Enabled: true}})
+	slots := func() float64 { return gauge(t, reg, "spillway_worker_batch_slots") }
+	var f inFlight
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	ran, errs := load(ctx, gd, 3, f.call(20*time.Millisecond))()
+	g.Expect(errs).To(BeEmpty())
+	g.Expect(ran).To(BeNumerically(">", 0))
+	g.Expect(slots()).To(BeNumerically(">=", 1), "the pool holds slots")
+	g.Expect(liveLeases(t, rdb, gd)).To(BeNumerically(">=", 1), "Redis counts the pool's slots")
+
+	s := unservedStates()[0]
+	s.fake(t, rdb)
+	g.Eventually(func() error { return gd.Do(t.Context(), guard.Job{}, ok) }).WithTimeout(time.Second).
+		WithPolling(5 * time.Millisecond).Should(MatchError(guard.ErrVersion))
+	wantVersionError(t, gd.Do(t.Context(), guard.Job{}, ok), s)
+	g.Eventually(slots).WithTimeout(time.Second).Should(Equal(0.0), "the pool dropped its slots")
+	g.Eventually(func() int64 { return liveLeases(t, rdb, gd) }).WithTimeout(2*time.Second).Should(BeZero(),
+		"the pool's slots are still held in Redis; the lease TTL is 30s")
+}
