@@ -218,6 +218,14 @@ func TestWorkersServedCondition(t *testing.T) {
 		{name: "one version newer is served", fleet: protocol.Fleet{
 			Processes: map[protocol.Process]int{{Client: "python", Version: v + 1}: 1},
 		}, status: metav1.ConditionTrue, reason: ReasonWorkerVersionsServed},
+		{name: "one version older is served", fleet: protocol.Fleet{
+			Processes: map[protocol.Process]int{{Client: "go", Version: v}: 1, {Client: "python", Version: v - 1}: 2},
+		}, status: metav1.ConditionTrue, reason: ReasonWorkerVersionsServed, message: []string{fmt.Sprintf("v%d: 1 go; v%d: 2 python", v, v-1)}},
+		{name: "two versions older is not", fleet: protocol.Fleet{
+			Processes: map[protocol.Process]int{{Client: "go", Version: v - 1}: 1, {Client: "python", Version: v - 2}: 2},
+		}, status: metav1.ConditionFalse, reason: ReasonUnservedWorkers, message: []string{
+			fmt.Sprintf("2 python process(es) at protocol version %d", v-2), fmt.Sprintf("serves workers at versions %d to %d", v-1, v+1),
+			"upgrade their Spillway library", fmt.Sprintf("v%d: 1 go; v%d: 2 python", v-1, v-2)}},
 		{name: "two versions newer is not", fleet: protocol.Fleet{
 			Processes: map[protocol.Process]int{{Client: "go", Version: v}: 1, {Client: "node", Version: v + 2}: 3},
 		}, status: metav1.ConditionFalse, reason: ReasonUnservedWorkers, message: []string{
