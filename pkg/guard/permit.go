@@ -338,6 +338,18 @@ func (g *Guard) decideRetry(ctx context.Context, job Job, callErr error) error {
 	} else {
 		allowed, err = g.budgetOnce(ctx)
 	}
+	if errors.Is(err, protocol.ErrNoPolicy) || errors.Is(err, protocol.ErrVersion) {
+		// Redis answered: the policy is gone, or its state is of a version
+		// this worker does not act on. The job waits as a refusal does,
+		// and says why; the call's own error comes with it.
+		reason := ErrNoPolicy
+		if errors.Is(err, protocol.ErrVersion) {
+			reason = ErrVersion
+		}
+		e := &Error{Action: ActionDefer, Reason: reason, After: g.jitterUp(g.opts.DeferDelay), Cause: errors.Join(err, callErr)}
+		g.count(e)
+		return e
+	}
 	if err != nil {
 		// Without Redis the budget is unknown: park rather than pile on.
 		g.metrics.redisErrors.Inc()

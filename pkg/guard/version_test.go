@@ -166,13 +166,11 @@ func TestDoRefusesAStateOfAnUnservedVersion(t *testing.T) {
 // what to upgrade, not a bare "retry budget exhausted" (the fleet's budget
 // is not spent) counted as a Redis error (Redis answered).
 //
-// It fails today (seen in both modes): decideRetry (permit.go) takes any
-// budget error for Redis being down, parks the job for the long delay as
-// ErrBudgetExhausted with the call's error as its Cause, drops the
-// *protocol.VersionError and counts a Redis error. pkg/guard's code is the
-// lead's to change: skipped until it is fixed.
+// It failed (in both modes) before decideRetry (permit.go) told a refusal
+// from Redis being down: it parked the job for the long delay as
+// ErrBudgetExhausted with the call's error as its Cause, dropped the
+// *protocol.VersionError and counted a Redis error.
 func TestFailedCallUnderAnUnservedVersionSaysSo(t *testing.T) {
-	t.Skip("known defect, pkg/guard decideRetry: a budget refused for the state's version parks the job as \"retry budget exhausted\" and counts a Redis error; unskip with the fix")
 	s := unservedStates()[0]
 	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
 		rdb := fastClient(redistest.Start(t))
