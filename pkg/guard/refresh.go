@@ -173,8 +173,10 @@ func (p *pool) refresh(by time.Time) {
 		p.pending = nil
 		p.applyLocked(req, reply, recv)
 	case errors.Is(err, protocol.ErrNoPolicy) || errors.Is(err, protocol.ErrVersion):
-		// Redis answered and wrote nothing. Calls go per call, where
-		// acquire refuses them with the same reason.
+		// Redis answered: it took back the members returned and wrote
+		// nothing else (sending them again changes nothing). Calls go per
+		// call, where acquire refuses them with the same reason, and the
+		// idle slots go back with the next request.
 		p.unbuildLocked(req)
 		p.lastErr = nil
 		p.mode = modePerCall

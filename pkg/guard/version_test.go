@@ -208,7 +208,6 @@ func TestFailedCallUnderAnUnservedVersionSaysSo(t *testing.T) {
 // request gives back (and the process sends no release for them). The Lua
 // and pkg/guard's code are the lead's to change: skipped until fixed.
 func TestBatchPoolGivesItsSlotsBackUnderAnUnservedVersion(t *testing.T) {
-	t.Skip("known defect, pool.lua: a pool request refused for the state's version gives nothing back, so a batching process's idle slots stay held for a lease TTL; unskip with the fix")
 	g := NewWithT(t)
 	rdb := fastClient(redistest.Start(t))
 	publish(t, rdb, defaultPublished(5))

@@ -15,7 +15,8 @@
 -- excess, {granted members}, {lost members}, tokens, first token due µs,
 -- token interval µs, token spread µs}, {5} no policy, {6, state version,
 -- manager version} (lib.lua version_refusal), {7, now ms} late: the request
--- ran after its deadline and wrote nothing.
+-- ran after its deadline and wrote nothing but the returned members, which
+-- every answer takes back.
 -- While the dependency learns (lib.lua learning), held members that Redis
 -- lost are put back and kept, and nothing is granted; with no state stored
 -- they are put back before {5}.
@@ -245,6 +246,25 @@ local function held_members()
   return members
 end
 
+-- Returned members are written expired, not removed: acquire counts only
+-- members scored after now, and a member that is there cannot be added
+-- again (pool grants with ZADD NX), so nothing late revives it. Sweeps
+-- remove them. They are taken back whatever the answer: a pool refused for
+-- no policy or another version ({5}, {6}), or late ({7}), gives back its
+-- idle slots too, or they would hold part of the limit for a ttl from the
+-- workers that are served. Taking a member back twice changes nothing.
+local nret = math.floor(tonumber(ARGV[9]))
+if nret > 0 then
+  local back = {}
+  for i = 19 + nheld, 18 + nheld + nret do
+    if mine(ARGV[i]) then
+      back[#back + 1] = '0'
+      back[#back + 1] = ARGV[i]
+    end
+  end
+  if #back > 0 then redis.call('ZADD', KEYS[2], 'XX', unpack(back)) end
+end
+
 local st = read_state()
 if not st[1] then
   -- Redis lost its data, or the policy was never published: nobody admits
@@ -265,22 +285,7 @@ local deadline = tonumber(ARGV[3]) or 0
 if deadline > 0 and now_ms > deadline then return {7, now_ms} end
 
 local want = math.max(0, math.floor(tonumber(ARGV[5]) or 0))
-local nret = math.floor(tonumber(ARGV[9]))
 
--- Returned members are written expired, not removed: acquire counts only
--- members scored after now, and a member that is there cannot be added
--- again (pool grants with ZADD NX), so nothing late revives it. Sweeps
--- remove them.
-if nret > 0 then
-  local back = {}
-  for i = 19 + nheld, 18 + nheld + nret do
-    if mine(ARGV[i]) then
-      back[#back + 1] = '0'
-      back[#back + 1] = ARGV[i]
-    end
-  end
-  if #back > 0 then redis.call('ZADD', KEYS[2], 'XX', unpack(back)) end
-end
 
 -- Held members that are still live are kept; the others are lost (expired:
 -- the fleet stopped counting them) and reported so. A kept member is
