@@ -75,11 +75,10 @@ export class NoPolicy extends SpillwayError {
  */
 export class VersionMismatch extends NoPolicy {
   override readonly reason = "the state was published for a protocol version this client does not speak";
-  constructor(after: number, readonly stateVersion: number, readonly managerVersion: number, readonly clientVersion: number, options: { cause?: unknown } = {}) {
-    super(after, {
-      ...options,
-      detail: `state version ${stateVersion}, manager version ${managerVersion < 0 ? "unknown" : managerVersion}, this client's version ${clientVersion}`,
-    });
+  constructor(after: number, readonly stateVersion: number, readonly managerVersion: number, readonly clientVersion: number,
+    options: { cause?: unknown; detail?: string } = {}) {
+    const versions = `state version ${stateVersion}, manager version ${managerVersion < 0 ? "unknown" : managerVersion}, this client's version ${clientVersion}`;
+    super(after, { ...options, detail: options.detail ? `${versions}; ${options.detail}` : versions });
   }
 }
 /**

@@ -865,6 +865,16 @@ export class Guard {
     try {
       d = await this.proto.budget(this.redisTimeout);
     } catch (e) {
+      if (e instanceof P.NoPolicyError || e instanceof P.VersionError) {
+        // Redis answered: the policy is gone, or its state is of a version
+        // this client does not act on. The job waits as a refusal does, and
+        // says why; the call's own error comes with it.
+        const detail = `the call failed: ${err instanceof Error ? err.message : String(err)}`;
+        const after = this.jitterUp(this.deferDelay);
+        return this.count(e instanceof P.VersionError
+          ? new E.VersionMismatch(after, e.stateVersion, e.managerVersion, e.clientVersion, { cause: e, detail })
+          : new E.NoPolicy(after, { cause: e, detail }));
+      }
       // Without Redis the budget is unknown: park rather than pile on.
       this.metrics.redisErrors.inc();
       this.metrics.budgetRefusals.inc();

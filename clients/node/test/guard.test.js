@@ -186,6 +186,24 @@ test("Open, no policy and another protocol version defer the job", async () => {
   await g.close();
 });
 
+test("a failed call under a state of another version defers with VersionMismatch, not a spent budget", async () => {
+  // The state turns to a version this worker does not act on while a call
+  // runs, and the call fails: the budget script refuses on version. As
+  // TestFailedCallUnderAnUnservedVersionSaysSo in Go.
+  const d = dep();
+  await publish(rdb, d);
+  const g = guard(d);
+  const err = await g.do({ attempt: 1 }, async () => {
+    await rdb.hset(g.proto.keys.state, "version", "99");
+    throw new Error("vehicle api reset the connection");
+  }).catch((e) => e);
+  assert.ok(err instanceof VersionMismatch, String(err));
+  assert.equal(decide(err).action, "defer");
+  assert.match(err.message, /vehicle api reset the connection/);
+  assert.match(err.cause.message, /upgrade this worker's Spillway client/);
+  await g.close();
+});
+
 test("a guard registers its process as a node client of this version, in the background", async () => {
   const d = dep();
   await publish(rdb, d);

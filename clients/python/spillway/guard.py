@@ -980,6 +980,14 @@ class Guard:
         when; raise the answer from exc."""
         try:
             d = self.proto.budget(timeout=self.redis_timeout)
+        except (P.NoPolicyError, P.VersionError) as e:
+            # Redis answered: the policy is gone, or its state is of a
+            # version this client does not act on. The job waits as a
+            # refusal does, and says why; the call's own error comes with it.
+            cls = E.OtherVersion if isinstance(e, P.VersionError) else E.NoPolicy
+            refusal = cls(self._jitter_up(self.defer_delay), cause=e, detail=f"the call failed: {exc!r}")
+            self._count(refusal)
+            raise refusal from exc
         except Exception as e:
             # Without Redis the budget is unknown: park rather than pile on.
             self.metrics.redis_errors.inc()

@@ -98,6 +98,26 @@ def test_another_version_defers_and_says_which(rdb, dep, make_guard):
     assert f"this worker speaks version {spillway.VERSION}" in str(e.value.__cause__ or e.value.cause)
 
 
+def test_a_failed_call_under_another_version_says_so(rdb, dep, make_guard):
+    # The state turns to a version this worker does not act on while a call
+    # runs, and the call fails: the budget script refuses on version. The
+    # job defers with OtherVersion, as an admission would, not parked as a
+    # spent budget counted as a Redis error (Redis answered).
+    # As TestFailedCallUnderAnUnservedVersionSaysSo in Go.
+    publish(rdb, dep)
+    g = make_guard(dep)
+
+    def boom():
+        rdb.hset(f"spillway:v4:{{{dep}}}:state", "version", "9")
+        raise ConnectionResetError("vehicle api reset the connection")
+
+    with pytest.raises(spillway.OtherVersion) as e:
+        g.call(boom, Job(attempt=1))
+    assert decide(e.value).action == DEFER
+    assert f"this worker speaks version {spillway.VERSION}" in str(e.value.cause)
+    assert "vehicle api reset the connection" in str(e.value)
+
+
 def test_the_guard_registers_its_process(rdb, dep, make_guard):
     publish(rdb, dep)
     g = make_guard(dep)
