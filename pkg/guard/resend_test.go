@@ -67,8 +67,11 @@ func newLostReplies(t *testing.T, target string) *lostReplies {
 func (p *lostReplies) addr() string { return p.ln.Addr().String() }
 
 // lose arms the proxy: the first run of each of the next n distinct commands
-// that carry the SHA of the protocol script name loses its reply (n below
-// 0: every one until lose is called again; n = 0 disarms it).
+// that carry the SHA of the protocol script name loses its reply (n = 0
+// disarms it). n below 0: every command that carries it loses its reply,
+// resends of the same bytes too, until lose is called again (a pool that
+// resends at once after a lost reply sends the same deadline, to the
+// millisecond: the resend would get through).
 func (p *lostReplies) lose(t *testing.T, name string, n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -79,7 +82,7 @@ func (p *lostReplies) lose(t *testing.T, name string, n int) {
 func (p *lostReplies) doomed(req []byte) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.budget == 0 || !bytes.Contains(req, p.sha) || p.seen[string(req)] {
+	if p.budget == 0 || !bytes.Contains(req, p.sha) || (p.budget > 0 && p.seen[string(req)]) {
 		return false
 	}
 	p.seen[string(req)] = true
