@@ -1,14 +1,8 @@
 package controllers
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,35 +12,19 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/skewtest"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
 // previousRegister is the register script of the previous protocol version,
-// as the commit its pin names (pkg/protocol/pins/v<N-1>.sum) shipped it, lib.lua
-// prepended as that version's clients ran it: the real old code, read from
-// the repository's history.
+// as the commit its pin names shipped it (skewtest.PreviousScript).
 func previousRegister(t testing.TB) *redis.Script {
 	t.Helper()
-	pin := filepath.Join("..", "pkg", "protocol", "pins", "v"+strconv.Itoa(protocol.Version-1)+".sum")
-	f, err := os.Open(pin)
+	s, err := skewtest.PreviousScript("register")
 	if err != nil {
-		t.Fatalf("open %s: %v", pin, err)
+		t.Fatal(err)
 	}
-	defer f.Close()
-	var commit string
-	for sc := bufio.NewScanner(f); sc.Scan(); {
-		if c, ok := strings.CutPrefix(sc.Text(), "commit "); ok {
-			commit = c
-		}
-	}
-	show := func(name string) string {
-		out, err := exec.Command("git", "show", commit+":pkg/protocol/lua/"+name+".lua").Output()
-		if err != nil {
-			t.Fatalf("git show %s:pkg/protocol/lua/%s.lua (the previous version's code, from the repository's history; a shallow clone lacks it): %v", commit, name, err)
-		}
-		return string(out)
-	}
-	return redis.NewScript(show("lib") + show("register"))
+	return s
 }
 
 // workerProcesses reads the spillway_policy_worker_processes series of the

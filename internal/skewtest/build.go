@@ -25,6 +25,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/spillway-dev/spillway/internal/testenv"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
@@ -61,6 +63,26 @@ func Pinned() (string, error) {
 		return "", fmt.Errorf("failed to read %s: %w", PinFile(), err)
 	}
 	return "", fmt.Errorf("%s names no commit", PinFile())
+}
+
+// PreviousScript is the protocol script name of the version before this
+// tree's, as the commit Pinned names shipped it, lib.lua prepended as that
+// version's clients ran it: the real old code, read from the repository's
+// history (a shallow clone lacks it).
+func PreviousScript(name string) (*redis.Script, error) {
+	commit, err := Pinned()
+	if err != nil {
+		return nil, err
+	}
+	var body strings.Builder
+	for _, n := range []string{"lib", name} {
+		out, err := git(testenv.RepoRoot(), "show", commit+":pkg/protocol/lua/"+n+".lua")
+		if err != nil {
+			return nil, fmt.Errorf("failed to read the previous protocol version's %s.lua from the repository's history (a shallow clone lacks it): %w", n, err)
+		}
+		body.WriteString(out)
+	}
+	return redis.NewScript(body.String()), nil
 }
 
 // CacheDir is $SPILLWAY_CACHE, else ~/.cache/spillway, as in the Makefile.

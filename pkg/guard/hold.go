@@ -13,11 +13,12 @@ import (
 // failed over to a replica that missed the last writes. While at least one
 // per-call Permit runs, every protocol.HoldEvery (holdRetryEvery after a
 // failed one) it sends hold.lua the leases whose TTL has not passed by the
-// local clock; the script writes
-// nothing unless the dependency learns or Redis holds no state. Renewals
-// come only every LeaseTTL/3, too late for the second during which Redis
-// admits nothing new. Batch mode's slots are the pool's, put back by its
-// refresh.
+// local clock; the script writes nothing unless the dependency learns or
+// Redis holds no state, and otherwise names the leases the fleet no longer
+// counts, whose calls the holder cuts (a holder back after the learning
+// second). Renewals come only every LeaseTTL/3, too late for the second
+// during which Redis admits nothing new. Batch mode's slots are the pool's,
+// put back by its refresh.
 type holder struct {
 	g *Guard
 

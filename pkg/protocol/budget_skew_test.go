@@ -1,12 +1,6 @@
 package protocol_test
 
 import (
-	"bufio"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,34 +9,6 @@ import (
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/retry"
 )
-
-// previousScript is one more script of the previous protocol version than
-// previousScripts loads (it loads acquire, release, publish and pool): name's
-// text at the commit the previous version's pin names, lib.lua prepended as
-// that version's clients ran it.
-func previousScript(t testing.TB, name string) *redis.Script {
-	t.Helper()
-	pin := filepath.Join("pins", "v"+strconv.Itoa(protocol.Version-1)+".sum")
-	f, err := os.Open(pin)
-	if err != nil {
-		t.Fatalf("open %s: %v", pin, err)
-	}
-	defer f.Close()
-	var commit string
-	for sc := bufio.NewScanner(f); sc.Scan(); {
-		if c, ok := strings.CutPrefix(sc.Text(), "commit "); ok {
-			commit = c
-		}
-	}
-	show := func(n string) string {
-		out, err := exec.Command("git", "show", commit+":pkg/protocol/lua/"+n+".lua").Output()
-		if err != nil {
-			t.Fatalf("git show %s:pkg/protocol/lua/%s.lua (the previous version's code, from the repository's history; a shallow clone lacks it): %v", commit, n, err)
-		}
-		return string(out)
-	}
-	return redis.NewScript(show("lib") + show(name))
-}
 
 // oldBudget is the previous version's budget decision, as its client read
 // the reply: {allowed, base ms, max ms, jitter, calls, granted[, grants]}.
@@ -84,7 +50,7 @@ func runOldBudget(t *testing.T, budget *redis.Script, rdb redis.UniversalClient,
 // max(MinRetries, Ratio × calls), one at a time or n at once.
 func TestRetryBudgetSharedAcrossVersions(t *testing.T) {
 	t.Parallel()
-	oldBudgetScript := previousScript(t, "budget")
+	oldBudgetScript := previousScripts(t)["budget"]
 	old := previousScripts(t)
 	forEachTopology(t, func(t *testing.T, rdb redis.UniversalClient) {
 		c := newClient(t, rdb)

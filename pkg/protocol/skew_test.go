@@ -1,11 +1,9 @@
 package protocol_test
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,39 +12,23 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/skewtest"
 	"github.com/spillway-dev/spillway/pkg/protocol"
 	"github.com/spillway-dev/spillway/pkg/wire"
 )
 
 // previousScripts are the scripts of the previous protocol version, as the
-// commit its pin names (pkg/protocol/pins/v<N-1>.sum) shipped them: the real
-// old code, read from the repository's history, lib.lua prepended as that
-// version's clients ran them.
+// commit its pin names (pkg/protocol/pins/v<N-1>.sum) shipped them
+// (skewtest.PreviousScript).
 func previousScripts(t testing.TB) map[string]*redis.Script {
 	t.Helper()
-	pin := filepath.Join("pins", "v"+strconv.Itoa(protocol.Version-1)+".sum")
-	f, err := os.Open(pin)
-	if err != nil {
-		t.Fatalf("open %s: %v", pin, err)
-	}
-	defer f.Close()
-	var commit string
-	for sc := bufio.NewScanner(f); sc.Scan(); {
-		if c, ok := strings.CutPrefix(sc.Text(), "commit "); ok {
-			commit = c
-		}
-	}
-	show := func(name string) string {
-		out, err := exec.Command("git", "show", commit+":pkg/protocol/lua/"+name+".lua").Output()
-		if err != nil {
-			t.Fatalf("git show %s:pkg/protocol/lua/%s.lua (the previous version's code, from the repository's history; a shallow clone lacks it): %v", commit, name, err)
-		}
-		return string(out)
-	}
-	lib := show("lib")
 	out := map[string]*redis.Script{}
-	for _, n := range []string{"acquire", "release", "publish", "pool"} {
-		out[n] = redis.NewScript(lib + show(n))
+	for _, n := range []string{"acquire", "release", "publish", "pool", "budget"} {
+		s, err := skewtest.PreviousScript(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[n] = s
 	}
 	return out
 }

@@ -683,8 +683,10 @@ class Guard:
         thread, every HOLD_EVERY_S while a call is scheduled): hold.lua with
         every lease whose ttl has not passed by this process's clock and
         that the fleet still counts (a lost one is not claimed back). Outside
-        learning, with a state, it writes nothing. False when it failed:
-        the renewer tries again after HOLD_RETRY_EVERY_S."""
+        learning, with a state, it writes nothing and names the leases the
+        fleet no longer counts: their calls are cut now, not at their next
+        renewal. False when it failed: the renewer tries again after
+        HOLD_RETRY_EVERY_S."""
         now = time.monotonic()
         live = [p for p in permits if not p.lost.is_set() and p._expires > now]
         members = [p.member for p in live]
