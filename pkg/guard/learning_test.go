@@ -30,15 +30,7 @@ func TestLeaseComesBackAfterAFailover(t *testing.T) {
 		gd := newGuard(t, rdb, guard.Options{Batch: batch})
 		other := newGuard(t, rdb, guard.Options{Batch: batch})
 
-		running, stop, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
-		go func() {
-			done <- gd.Do(ctx, guard.Job{}, func(context.Context) error {
-				close(running)
-				<-stop
-				return nil
-			})
-		}()
-		<-running
+		stop, done := runningCall(ctx, gd)
 		// The replica that takes over missed every lease, and what it holds
 		// was written a second before: a failover follows a crash that
 		// takes that long to detect, so its scripts read the replication
@@ -90,15 +82,7 @@ func TestHolderTriesAgainSoonAfterAFailedHold(t *testing.T) {
 	gd := newGuard(t, rdb, guard.Options{Registerer: reg})
 	errs := func() float64 { return testutil.ToFloat64(counter(t, reg, "spillway_worker_redis_errors_total")) }
 
-	running, stop, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
-	go func() {
-		done <- gd.Do(ctx, guard.Job{}, func(context.Context) error {
-			close(running)
-			<-stop
-			return nil
-		})
-	}()
-	<-running
+	stop, done := runningCall(ctx, gd)
 	srv.Stop()
 	before := errs()
 	time.Sleep(time.Second)
@@ -131,15 +115,7 @@ func TestHoldCutsACallWhoseLeaseTheFleetLost(t *testing.T) {
 	publish(t, rdb, defaultPublished(1))
 	gd := newGuard(t, rdb, guard.Options{})
 
-	running, done := make(chan struct{}), make(chan error, 1)
-	go func() {
-		done <- gd.Do(ctx, guard.Job{}, func(ctx context.Context) error {
-			close(running)
-			<-ctx.Done()
-			return context.Cause(ctx)
-		})
-	}()
-	<-running
+	_, done := runningCall(ctx, gd)
 	// Redis lost the lease and learned while this holder could not reach it.
 	g.Expect(rdb.Del(ctx, protocol.KeysFor(gd.Dependency()).Leases).Err()).To(Succeed())
 	lost := time.Now()
@@ -147,4 +123,25 @@ func TestHoldCutsACallWhoseLeaseTheFleetLost(t *testing.T) {
 	g.Eventually(done).WithTimeout(protocol.HoldEvery+time.Second).Should(Receive(&err), "the call is cut at the next hold")
 	g.Expect(err).To(MatchError(guard.ErrLeaseLost))
 	t.Logf("the call was cut %v after its lease was lost", time.Since(lost).Round(time.Millisecond))
+}
+
+// runningCall starts a call through gd that runs until stop is closed (and
+// then succeeds) or the guard cuts it (and then returns the cause), and
+// returns once it runs; done receives what Do returned.
+func runningCall(ctx context.Context, gd *guard.Guard) (stop chan struct{}, done chan error) {
+	running := make(chan struct{})
+	stop, done = make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- gd.Do(ctx, guard.Job{}, func(ctx context.Context) error {
+			close(running)
+			select {
+			case <-stop:
+				return nil
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		})
+	}()
+	<-running
+	return stop, done
 }
