@@ -159,8 +159,10 @@ type Guard struct {
 
 	clock  *redisClock
 	forget *forgetter
-	reg    registrar
-	hold   holder
+	// link carries the holds and the pool's refreshes (link.go).
+	link *link
+	reg  registrar
+	hold holder
 	// pool and budget are batch mode's (Options.Batch); nil when it is off.
 	pool   *pool
 	budget *retryStock
@@ -187,7 +189,11 @@ func (g *Guard) timeDue(now time.Time) bool {
 }
 
 // New returns a Guard for the dependency "namespace/name" (the
-// DependencyPolicy's namespace and name) over rdb.
+// DependencyPolicy's namespace and name) over rdb. For a *redis.Client
+// (standalone or Sentinel) or a *redis.ClusterClient, the guard sends the
+// holds that put leases back after Redis lost them, and batch mode's pool
+// refreshes, on a client of its own built from rdb's options: one or two
+// more connections once it runs calls (docs/protocol.md §4 "Learning").
 func New(rdb redis.UniversalClient, dependency string, opts Options) (*Guard, error) {
 	if rdb == nil {
 		return nil, errors.New("redis client must not be nil")
@@ -224,6 +230,7 @@ func New(rdb redis.UniversalClient, dependency string, opts Options) (*Guard, er
 		fallback: retry.Backoff{Base: time.Second, Max: 5 * time.Minute, Jitter: retry.JitterFull},
 		clock:    newRedisClock(),
 		forget:   newForgetter(proto, opts.RedisTimeout, m),
+		link:     newLink(rdb, dep, proto),
 	}
 	g.lastSeen = g.fallback
 	g.reg = registrar{proto: proto, timeout: max(opts.RedisTimeout, forgetTimeoutMin)}
@@ -340,6 +347,7 @@ func (g *Guard) Close() {
 		g.pool.close()
 	}
 	g.forget.close()
+	g.link.close()
 }
 
 // Dependency is the dependency this guard protects.

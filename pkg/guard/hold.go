@@ -50,9 +50,9 @@ func (h *holder) remove(p *Permit) {
 
 // holdRetryEvery is how soon the holder tries again after a hold failed.
 // The learning second counts from the first script on the new server: a
-// holder that waited a whole HoldEvery after its client could reach it
-// again may miss it, the more so as go-redis's pool, after a burst of
-// failed dials, probes the server only once a second.
+// holder that waited a whole HoldEvery after it could reach the server
+// again may miss it. Holds go on the guard's link (link.go), which dials
+// at each try while the server refuses, not on go-redis's schedule.
 const holdRetryEvery = 50 * time.Millisecond
 
 // loop runs while Permits are held: every protocol.HoldEvery, and
@@ -72,7 +72,13 @@ func (h *holder) loop() {
 				members[i] = p.member
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), h.g.opts.RedisTimeout)
-			res, err := h.g.proto.Hold(ctx, members, h.g.opts.LeaseTTL)
+			var res protocol.Held
+			c, err := h.g.link.get(ctx)
+			if err == nil {
+				if res, err = c.Hold(ctx, members, h.g.opts.LeaseTTL); err != nil {
+					h.g.link.failed(c)
+				}
+			}
 			cancel()
 			if err != nil {
 				// A Permit whose TTL passes meanwhile is lost by its own

@@ -2,6 +2,8 @@ package guard_test
 
 import (
 	"context"
+	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -99,6 +101,86 @@ func TestHolderTriesAgainSoonAfterAFailedHold(t *testing.T) {
 		failed, time.Since(back).Round(time.Millisecond))
 	close(stop)
 	g.Expect(<-done).To(Succeed())
+}
+
+// TestHolderIsBackAtOnceBehindAClientThatDialsOnceASecond: after as many
+// failed dials as its PoolSize, go-redis's pool fails every command at once
+// and dials the server only once a second, until a dial succeeds. A holder
+// whose holds and refreshes went through the user's client came back up to
+// a second after Redis answered again (measured 7-915 ms), and could miss
+// the learning second. Here Redis comes back just after one of that pool's
+// probes failed, the worst moment: the lease must be back well within the
+// second, in both modes.
+func TestHolderIsBackAtOnceBehindAClientThatDialsOnceASecond(t *testing.T) {
+	inModes(t, func(t *testing.T, batch guard.BatchOptions) {
+		g := NewWithT(t)
+		ctx := t.Context()
+		srv := redistest.Start(t)
+		failed := make(chan struct{}, 1)
+		rdb := srv.Client(func(o *redis.Options) {
+			o.ContextTimeoutEnabled = true
+			o.MaxRetries = -1
+			o.DialerRetries = 1
+			o.PoolSize = 2
+			o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+				if err != nil {
+					select {
+					case failed <- struct{}{}:
+					default:
+					}
+				}
+				return c, err
+			}
+		})
+		check := fastClient(srv)
+		publish(t, check, defaultPublished(1))
+		// No subscription: its reconnections dial too, and the failed dial
+		// waited for below must be the pool's probe.
+		batch.IgnoreChanges = true
+		gd := newGuard(t, rdb, guard.Options{Batch: batch})
+
+		stop, done := runningCall(ctx, gd)
+		srv.Stop()
+		for range 4 { // more failed dials than the pool's size
+			_ = rdb.Ping(ctx).Err()
+		}
+		time.Sleep(1500 * time.Millisecond) // the pool probes once a second
+		select {
+		case <-failed:
+		default:
+		}
+		select {
+		case <-failed:
+		case <-time.After(2 * time.Second):
+			t.Fatal("no dial failed in 2s while Redis was down")
+		}
+		g.Expect(srv.Restart()).To(Succeed()) // without its data
+		back := time.Now()
+		g.Eventually(func() int64 { return leasesOrNone(ctx, check, gd) }).
+			WithTimeout(2*time.Second).WithPolling(2*time.Millisecond).
+			Should(BeNumerically(">=", 1), "the running call's lease is back")
+		took := time.Since(back)
+		t.Logf("the lease back %v after Redis answered again", took.Round(time.Millisecond))
+		g.Expect(took).To(BeNumerically("<", 500*time.Millisecond),
+			"the lease is back within half the user's pool's probe period")
+		close(stop)
+		g.Expect(<-done).To(Succeed())
+	})
+}
+
+// leasesOrNone is liveLeases, or -1 while rdb cannot read them.
+func leasesOrNone(ctx context.Context, rdb redis.UniversalClient, gd *guard.Guard) int64 {
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		return -1
+	}
+	n, err := rdb.ZCount(ctx, protocol.KeysFor(gd.Dependency()).Leases,
+		"("+strconv.FormatInt(now.UnixMilli(), 10), "+inf").Result()
+	if err != nil {
+		return -1
+	}
+	return n
 }
 
 // TestHoldCutsACallWhoseLeaseTheFleetLost: a holder that reaches Redis

@@ -147,7 +147,12 @@ func (p *pool) refresh(by time.Time) {
 		req.sends++
 		req.args.Deadline, _ = g.clock.deadline(sentC, timeout)
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		reply, err = g.proto.Pool(ctx, req.args)
+		var c *protocol.Client
+		if c, err = g.link.get(ctx); err == nil {
+			if reply, err = c.Pool(ctx, req.args); err != nil && !answered(err) {
+				g.link.failed(c)
+			}
+		}
 		cancel()
 		recv = time.Now()
 		switch {

@@ -27,6 +27,7 @@
 
 import { performance } from "node:perf_hooks";
 import type { Registry } from "prom-client";
+import type { Cluster, Redis } from "ioredis";
 import { defaultClassify } from "./classify.js";
 import * as E from "./errors.js";
 import { Metrics, type ThrottleReason } from "./metrics.js";
@@ -407,6 +408,17 @@ export class Guard {
   private renewTick: NodeJS.Timeout | null = null;
   private holdTick: NodeJS.Timeout | null = null;
   private holding = false;
+  /**
+   * The guard's own connection for its holds (docs/protocol.md §4
+   * "Learning"), a duplicate of the user's standalone or Sentinel client,
+   * opened with the first hold timer and closed by close(). The learning
+   * second counts from the first script on the new server, and the user's
+   * client may come back late: ioredis's default retryStrategy waits up to
+   * 2 s between reconnections. The link reconnects every HOLD_RETRY_EVERY.
+   * A Cluster's holds go on the user's client.
+   */
+  private link: P.Client | null = null;
+  private linkRedis: Redis | null = null;
   private lastRunning = 0;
   private readonly evictionChecked: Promise<void>;
   private evictionKnown = false;
@@ -523,6 +535,8 @@ export class Guard {
     if (this.renewTick) clearInterval(this.renewTick);
     this.renewTick = null;
     this.stopHolding();
+    this.linkRedis?.disconnect();
+    this.link = this.linkRedis = null;
     await this.forgetter.close(Math.max(2 * this.redisTimeout, 250));
   }
 
@@ -601,7 +615,7 @@ export class Guard {
     }
     this.holding = true;
     let failed = false;
-    this.proto.hold(held.map((p) => p.member), this.ttlMs, this.redisTimeout).then(
+    (this.link ?? this.proto).hold(held.map((p) => p.member), this.ttlMs, this.redisTimeout).then(
       (h) => {
         this.heldBack += h.putBack;
         // Back after the learning second: another call may hold these
@@ -617,6 +631,20 @@ export class Guard {
       // Again soon, not a whole HOLD_EVERY later, while a timer runs.
       if (failed && this.holdTick) setTimeout(() => { if (this.holdTick) this.holdDue(); }, P.HOLD_RETRY_EVERY).unref();
     });
+  }
+
+  /** Opens the link, once, HOLD_EVERY before the first hold needs it. */
+  private openLink(): void {
+    const rdb = this.proto.rdb as P.RedisLike;
+    if (this.link || this.closed || (rdb as Cluster).isCluster || typeof (rdb as Redis).duplicate !== "function") return;
+    const r = (rdb as Redis).duplicate({
+      retryStrategy: () => P.HOLD_RETRY_EVERY,
+      enableOfflineQueue: false, // a hold while it reconnects fails, and is tried again
+      lazyConnect: false,
+    });
+    r.on("error", () => { /* a failed hold counts in redisErrors */ });
+    this.linkRedis = r;
+    this.link = new P.Client(r, this.dependency, this.proto.callerId);
   }
 
   private stopHolding(): void {
@@ -763,6 +791,7 @@ export class Guard {
       this.renewTick.unref();
     }
     if (!this.holdTick && !p.local) {
+      this.openLink();
       this.holdTick = setInterval(() => this.holdDue(), P.HOLD_EVERY);
       this.holdTick.unref();
     }

@@ -258,10 +258,13 @@ test("guard: a failed hold is tried again after HOLD_RETRY_EVERY, not a whole HO
   if (fast.status !== "ready") await new Promise((r) => fast.once("ready", r));
   const g = new Guard(fast, d, { registry: null, redisTimeout: 100, leaseTtl: 30_000 });
   const attempts = [];
-  const real = g.proto.hold.bind(g.proto);
-  g.proto.hold = (...args) => { attempts.push(performance.now()); return real(...args); };
   const call = holdCall(g);
   await call.running;
+  // Holds go on the guard's own connection, opened with the call.
+  const holder = g.link;
+  assert.ok(holder, "no link opened for the holds");
+  const real = holder.hold.bind(holder);
+  holder.hold = (...args) => { attempts.push(performance.now()); return real(...args); };
   await srv.stop();
   const start = performance.now();
   await sleep(1000);
@@ -272,6 +275,40 @@ test("guard: a failed hold is tried again after HOLD_RETRY_EVERY, not a whole HO
   await g.close();
   fast.disconnect();
   assert.ok(n >= 10, `${n} holds in the second Redis was down`);
+});
+
+test("guard: a running call's lease is back at once after Redis restarts, though the user's client reconnects once a second", async (t) => {
+  // As TestHolderIsBackAtOnceBehindAClientThatDialsOnceASecond in Go: the
+  // learning second counts from the first script on the new server, and a
+  // holder behind a client that waits a second before it reconnects
+  // (ioredis's default retryStrategy grows to 2 s over a long outage) would
+  // miss it. Redis comes back just after that client scheduled its wait.
+  const d = dep();
+  await publish(rdb, d, { limit: 1 });
+  const slow = srv.client({ retryStrategy: () => 1000 });
+  if (slow.status !== "ready") await new Promise((r) => slow.once("ready", r));
+  const g = new Guard(slow, d, { registry: null, redisTimeout: 100, leaseTtl: 30_000 });
+  const call = holdCall(g);
+  await call.running;
+  await srv.stop();
+  await sleep(1200);
+  await new Promise((r) => slow.once("reconnecting", r));
+  await srv.start(); // without its data: hold puts the lease back
+  const back = performance.now();
+  const check = srv.client();
+  let took = -1;
+  while (performance.now() - back < 2000) {
+    const n = await check.zcount(g.proto.keys.leases, "(" + Date.now(), "+inf").catch(() => 0);
+    if (n >= 1) { took = performance.now() - back; break; }
+    await sleep(2);
+  }
+  call.release();
+  assert.equal(await call.done, "done");
+  await g.close();
+  slow.disconnect();
+  check.disconnect();
+  t.diagnostic(`the lease back ${Math.round(took)} ms after Redis answered again`);
+  assert.ok(took >= 0 && took < 500, `the lease back ${Math.round(took)} ms after Redis answered again (-1: not within 2 s)`);
 });
 
 test("guard: a hold outside learning cuts a call whose lease the fleet lost, at once, not at its next renewal", async () => {
