@@ -190,10 +190,10 @@ func (g *Guard) timeDue(now time.Time) bool {
 
 // New returns a Guard for the dependency "namespace/name" (the
 // DependencyPolicy's namespace and name) over rdb. For a *redis.Client
-// (standalone or Sentinel) or a *redis.ClusterClient, the guard sends the
-// holds that put leases back after Redis lost them, and batch mode's pool
-// refreshes, on a client of its own built from rdb's options: one or two
-// more connections once it runs calls (docs/protocol.md §4 "Learning").
+// (standalone or Sentinel) or a *redis.ClusterClient, the holds that put
+// leases back after Redis lost them, and batch mode's pool refreshes, go
+// on a short-lived client of the guard's own, built from rdb's options,
+// while they fail on rdb (docs/protocol.md §4 "Learning").
 func New(rdb redis.UniversalClient, dependency string, opts Options) (*Guard, error) {
 	if rdb == nil {
 		return nil, errors.New("redis client must not be nil")

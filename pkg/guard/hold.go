@@ -51,8 +51,8 @@ func (h *holder) remove(p *Permit) {
 // holdRetryEvery is how soon the holder tries again after a hold failed.
 // The learning second counts from the first script on the new server: a
 // holder that waited a whole HoldEvery after it could reach the server
-// again may miss it. Holds go on the guard's link (link.go), which dials
-// at each try while the server refuses, not on go-redis's schedule.
+// again may miss it. After a failed hold, holds go on the guard's link
+// (link.go), which dials at each try, not on go-redis's schedule.
 const holdRetryEvery = 50 * time.Millisecond
 
 // loop runs while Permits are held: every protocol.HoldEvery, and
@@ -75,9 +75,8 @@ func (h *holder) loop() {
 			var res protocol.Held
 			c, err := h.g.link.get(ctx)
 			if err == nil {
-				if res, err = c.Hold(ctx, members, h.g.opts.LeaseTTL); err != nil {
-					h.g.link.failed(c)
-				}
+				res, err = c.Hold(ctx, members, h.g.opts.LeaseTTL)
+				h.g.link.done(c, err)
 			}
 			cancel()
 			if err != nil {

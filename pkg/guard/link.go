@@ -12,39 +12,42 @@ import (
 	"github.com/spillway-dev/spillway/pkg/protocol"
 )
 
-// link is the guard's own client for the round trips that put leases back
-// after Redis lost them (docs/protocol.md §4 "Learning"): the holder's holds
-// and the batch pool's refreshes. They must reach the new server within the
-// learning second, which counts from the first script it runs.
+// link carries the round trips that put leases back after Redis lost them
+// (docs/protocol.md §4 "Learning"): the holder's holds and the batch pool's
+// refreshes. They must reach the new server within the learning second,
+// which counts from the first script it runs.
 //
-// The user's client may not let them: after as many failed dials as its
-// PoolSize, go-redis's pool fails every command at once and dials the
-// server only once a second until a dial succeeds, so a holder behind it
-// came back up to a second after Redis answered again. The link is a client
-// built from the same options (address, Sentinel or Cluster discovery,
-// dialer, TLS, credentials) with a pool of linkPoolSize connections that
-// dials once per round trip. A failed round trip closes it, and the next
-// builds a fresh one that dials at once: when Redis is tried again is the
-// holder's schedule (holdRetryEvery, the pool's refresh interval) and
-// nothing else. A client of another type (a Ring, a wrapper) is used as it
-// is. Hooks added to the user's client (AddHook) do not run on the link.
+// They go on the user's client while it works. It may not let them back in
+// time: after as many failed dials as its PoolSize, go-redis's pool fails
+// every command at once and dials the server only once a second until a
+// dial succeeds, so a holder behind it came back up to a second after Redis
+// answered again. After a round trip on the user's client failed, the next
+// go on a client of the link's own, built from the same options (address,
+// Sentinel or Cluster discovery, dialer, TLS, credentials) with a small
+// pool that dials once per attempt, and closed after each round trip: a
+// failed one so that the next dials afresh, a successful one to turn back
+// to the user's client. When Redis is tried again is then the holder's
+// schedule (holdRetryEvery, the pool's refresh interval) and nothing else,
+// and no connection is added while the user's client works. A client of
+// another type (a Ring, a wrapper) is used as it is. Hooks added to the
+// user's client (AddHook) do not run on the link's.
 type link struct {
 	shared *protocol.Client
 	dep    protocol.Dependency
 	// build returns a new client of the user's options; nil when the
 	// shared client is used.
 	build func() redis.UniversalClient
-	// reach, when set, dials the server before a client is built after a
-	// failed round trip, and closes the connection: while the server
-	// refuses, the round trip fails without a client, which go-redis would
-	// log at every failed dial (20 lines a second at holdRetryEvery).
+	// reach, when set, dials the server before the link's client is built,
+	// and closes the connection: while the server refuses, the round trip
+	// fails without a client, which go-redis would log at every failed dial
+	// (20 lines a second at holdRetryEvery).
 	reach func(context.Context) error
 
-	mu     sync.Mutex
-	cur    *protocol.Client
-	rdb    redis.UniversalClient // cur's client
-	down   bool                  // the last round trip on the link failed
-	closed bool
+	mu      sync.Mutex
+	failing bool // the last round trip on the user's client failed
+	cur     *protocol.Client
+	rdb     redis.UniversalClient // cur's client
+	closed  bool
 }
 
 // linkPoolSize: a hold and a refresh may run at once.
@@ -114,30 +117,29 @@ func asGiven(timeouts ...*time.Duration) {
 	}
 }
 
-// get returns the client to send on: the link's, built if none is open, or
-// the shared one for a client of another type or after close. After a
-// failed round trip it first reaches the server (reach), and fails when
-// that fails.
+// get returns the client for the next round trip: the user's, or, from a
+// failed round trip on it until one succeeds on the link, the link's, which
+// first reaches the server (reach) and fails when that fails.
 func (l *link) get(ctx context.Context) (*protocol.Client, error) {
 	if l.build == nil {
 		return l.shared, nil
 	}
 	l.mu.Lock()
-	cur, down, closed := l.cur, l.down, l.closed
+	cur, failing, closed := l.cur, l.failing, l.closed
 	l.mu.Unlock()
 	switch {
-	case closed:
+	case closed || !failing:
 		return l.shared, nil
 	case cur != nil:
 		return cur, nil
-	case down && l.reach != nil:
+	case l.reach != nil:
 		if err := l.reach(ctx); err != nil {
 			return nil, fmt.Errorf("failed to reach redis: %w", err)
 		}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
+	if l.closed || !l.failing {
 		return l.shared, nil
 	}
 	if l.cur == nil {
@@ -147,24 +149,37 @@ func (l *link) get(ctx context.Context) (*protocol.Client, error) {
 			_ = rdb.Close()
 			return nil, err
 		}
-		l.cur, l.rdb, l.down = c, rdb, false
+		l.cur, l.rdb = c, rdb
 	}
 	return l.cur, nil
 }
 
-// failed closes c, when it is the link's, after a round trip on it failed:
-// the next get dials afresh.
-func (l *link) failed(c *protocol.Client) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if c != l.cur || l.cur == nil {
+// done records how a round trip on c (from get) ended: a failure on the
+// user's client turns the next round trips to the link; any round trip on
+// the link closes its client, and a successful one turns back to the
+// user's client.
+func (l *link) done(c *protocol.Client, err error) {
+	if l.build == nil {
 		return
 	}
-	_ = l.rdb.Close()
-	l.cur, l.rdb, l.down = nil, nil, true
+	ok := err == nil || answered(err)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case c == l.shared:
+		if !ok {
+			l.failing = true
+		}
+	case c == l.cur:
+		_ = l.rdb.Close()
+		l.cur, l.rdb = nil, nil
+		if ok {
+			l.failing = false
+		}
+	}
 }
 
-// close closes the link's client; later round trips go on the shared one.
+// close closes the link's client; later round trips go on the user's.
 func (l *link) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -175,8 +190,8 @@ func (l *link) close() {
 	l.cur, l.rdb = nil, nil
 }
 
-// answered reports whether a pool round trip's error is the script's answer
-// (a refusal), which says the link works.
+// answered reports whether a round trip's error is the script's answer (a
+// refusal): the client reached Redis.
 func answered(err error) bool {
 	return errors.Is(err, protocol.ErrLate) || errors.Is(err, protocol.ErrNoPolicy) || errors.Is(err, protocol.ErrVersion)
 }

@@ -149,9 +149,8 @@ func (p *pool) refresh(by time.Time) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		var c *protocol.Client
 		if c, err = g.link.get(ctx); err == nil {
-			if reply, err = c.Pool(ctx, req.args); err != nil && !answered(err) {
-				g.link.failed(c)
-			}
+			reply, err = c.Pool(ctx, req.args)
+			g.link.done(c, err)
 		}
 		cancel()
 		recv = time.Now()

@@ -409,13 +409,14 @@ export class Guard {
   private holdTick: NodeJS.Timeout | null = null;
   private holding = false;
   /**
-   * The guard's own connection for its holds (docs/protocol.md §4
-   * "Learning"), a duplicate of the user's standalone or Sentinel client,
-   * opened with the first hold timer and closed by close(). The learning
-   * second counts from the first script on the new server, and the user's
-   * client may come back late: ioredis's default retryStrategy waits up to
-   * 2 s between reconnections. The link reconnects every HOLD_RETRY_EVERY.
-   * A Cluster's holds go on the user's client.
+   * A connection of the guard's own for its holds (docs/protocol.md §4
+   * "Learning") while the user's client is not ready: a duplicate of the
+   * user's standalone or Sentinel client that reconnects every
+   * HOLD_RETRY_EVERY, closed once the user's client is ready again. The
+   * learning second counts from the first script on the new server, and the
+   * user's client may come back late: ioredis's default retryStrategy waits
+   * up to 2 s between reconnections. A Cluster's holds go on the user's
+   * client.
    */
   private link: P.Client | null = null;
   private linkRedis: Redis | null = null;
@@ -535,8 +536,6 @@ export class Guard {
     if (this.renewTick) clearInterval(this.renewTick);
     this.renewTick = null;
     this.stopHolding();
-    this.linkRedis?.disconnect();
-    this.link = this.linkRedis = null;
     await this.forgetter.close(Math.max(2 * this.redisTimeout, 250));
   }
 
@@ -615,7 +614,7 @@ export class Guard {
     }
     this.holding = true;
     let failed = false;
-    (this.link ?? this.proto).hold(held.map((p) => p.member), this.ttlMs, this.redisTimeout).then(
+    this.holdClient().hold(held.map((p) => p.member), this.ttlMs, this.redisTimeout).then(
       (h) => {
         this.heldBack += h.putBack;
         // Back after the learning second: another call may hold these
@@ -633,23 +632,36 @@ export class Guard {
     });
   }
 
-  /** Opens the link, once, HOLD_EVERY before the first hold needs it. */
-  private openLink(): void {
+  /** The client for the next hold: the user's while it is ready, else the link. */
+  private holdClient(): P.Client {
     const rdb = this.proto.rdb as P.RedisLike;
-    if (this.link || this.closed || (rdb as Cluster).isCluster || typeof (rdb as Redis).duplicate !== "function") return;
-    const r = (rdb as Redis).duplicate({
-      retryStrategy: () => P.HOLD_RETRY_EVERY,
-      enableOfflineQueue: false, // a hold while it reconnects fails, and is tried again
-      lazyConnect: false,
-    });
-    r.on("error", () => { /* a failed hold counts in redisErrors */ });
-    this.linkRedis = r;
-    this.link = new P.Client(r, this.dependency, this.proto.callerId);
+    if (this.closed || (rdb as Cluster).isCluster || typeof (rdb as Redis).duplicate !== "function") return this.proto;
+    if ((rdb as Redis).status === "ready") {
+      this.closeLink();
+      return this.proto;
+    }
+    if (!this.link) {
+      const r = (rdb as Redis).duplicate({
+        retryStrategy: () => P.HOLD_RETRY_EVERY,
+        enableOfflineQueue: false, // a hold while it connects fails, and is tried again
+        lazyConnect: false,
+      });
+      r.on("error", () => { /* a failed hold counts in redisErrors */ });
+      this.linkRedis = r;
+      this.link = new P.Client(r, this.dependency, this.proto.callerId);
+    }
+    return this.link;
+  }
+
+  private closeLink(): void {
+    this.linkRedis?.disconnect();
+    this.link = this.linkRedis = null;
   }
 
   private stopHolding(): void {
     if (this.holdTick) clearInterval(this.holdTick);
     this.holdTick = null;
+    this.closeLink();
   }
 
   /** @internal */
@@ -791,7 +803,6 @@ export class Guard {
       this.renewTick.unref();
     }
     if (!this.holdTick && !p.local) {
-      this.openLink();
       this.holdTick = setInterval(() => this.holdDue(), P.HOLD_EVERY);
       this.holdTick.unref();
     }
