@@ -72,12 +72,9 @@ func (h *holder) loop() {
 				members[i] = p.member
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), h.g.opts.RedisTimeout)
-			var res protocol.Held
-			c, err := h.g.link.get(ctx)
-			if err == nil {
-				res, err = c.Hold(ctx, members, h.g.opts.LeaseTTL)
-				h.g.link.done(c, err)
-			}
+			res, err := onLink(ctx, h.g.link, func(c *protocol.Client) (protocol.Held, error) {
+				return c.Hold(ctx, members, h.g.opts.LeaseTTL)
+			})
 			cancel()
 			if err != nil {
 				// A Permit whose TTL passes meanwhile is lost by its own

@@ -179,6 +179,18 @@ func (l *link) done(c *protocol.Client, err error) {
 	}
 }
 
+// onLink runs f on the client l.get returns, and tells l how it ended.
+func onLink[T any](ctx context.Context, l *link, f func(*protocol.Client) (T, error)) (T, error) {
+	c, err := l.get(ctx)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	v, err := f(c)
+	l.done(c, err)
+	return v, err
+}
+
 // close closes the link's client; later round trips go on the user's.
 func (l *link) close() {
 	l.mu.Lock()

@@ -147,11 +147,9 @@ func (p *pool) refresh(by time.Time) {
 		req.sends++
 		req.args.Deadline, _ = g.clock.deadline(sentC, timeout)
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		var c *protocol.Client
-		if c, err = g.link.get(ctx); err == nil {
-			reply, err = c.Pool(ctx, req.args)
-			g.link.done(c, err)
-		}
+		reply, err = onLink(ctx, g.link, func(c *protocol.Client) (protocol.PoolReply, error) {
+			return c.Pool(ctx, req.args)
+		})
 		cancel()
 		recv = time.Now()
 		switch {

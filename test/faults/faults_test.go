@@ -43,14 +43,7 @@ import (
 // the finding each waits on. Their breaches are logged as known, not failed.
 // Delete an entry when its fix lands: the campaign then holds the fault to
 // its promise.
-var knownBreaches = map[string]string{
-	"sentinel-failover/lagging-replica": "(d) seen once in 10 lagging-replica failovers on protocol 6 (the 1 h soak's Sentinel part): " +
-		"7 in flight against 6 for 14 ms at the end of the learning second, a holder that reached the new master more than " +
-		"the second after the first script there (a go-redis pool, after a burst of failed dials, dials only once a second); " +
-		"its first hold now cuts the call at once, and a failed hold is tried again after 50 ms (0 breaches in the next 17 " +
-		"lagging-replica failovers); waits on a learning window that lasts until the holders are back, " +
-		"not a fixed second (docs/protocol.md §4 \"Learning\", its bound)",
-}
+var knownBreaches = map[string]string{}
 
 // strictEnv, when set, ignores knownBreaches: every breach fails.
 const strictEnv = "SPILLWAY_FAULTS_STRICT"
