@@ -169,6 +169,79 @@ func TestHolderIsBackAtOnceBehindAClientThatDialsOnceASecond(t *testing.T) {
 	})
 }
 
+// TestHolderIsBackAtOnceOnACluster: the same on Redis Cluster, where the
+// link is a cluster client of its own. The dependency's master restarts
+// without its data (keeping its identity and slots) while the user's
+// cluster client's pool for it dials once a second; the restarted master
+// answers CLUSTERDOWN until it has rejoined, so the lease is timed from
+// the first script it runs. (The user's pool has long probed by then:
+// unlike the standalone case, this one passes without the link too; it
+// keeps the cluster's link working.)
+func TestHolderIsBackAtOnceOnACluster(t *testing.T) {
+	g := NewWithT(t)
+	ctx := t.Context()
+	cluster := redistest.StartCluster(t, 3)
+	failed := make(chan struct{}, 1)
+	rdb := cluster.Client(func(o *redis.ClusterOptions) {
+		o.ContextTimeoutEnabled = true
+		o.MaxRetries = -1
+		o.DialerRetries = 1
+		o.PoolSize = 2
+		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				select {
+				case failed <- struct{}{}:
+				default:
+				}
+			}
+			return c, err
+		}
+	})
+	check := cluster.Client(func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true })
+	publish(t, check, defaultPublished(1))
+	gd := newGuard(t, rdb, guard.Options{})
+	keys := protocol.KeysFor(gd.Dependency())
+	master, err := check.MasterForKey(ctx, keys.Leases)
+	g.Expect(err).NotTo(HaveOccurred())
+	var node *redistest.Server
+	for _, n := range cluster.Nodes() {
+		if n.Addr() == master.Options().Addr {
+			node = n
+		}
+	}
+	g.Expect(node).NotTo(BeNil(), "no node at %s", master.Options().Addr)
+
+	stop, done := runningCall(ctx, gd)
+	node.Stop() // shorter than cluster-node-timeout: no failover
+	for range 4 {
+		_ = rdb.Get(ctx, keys.State).Err()
+	}
+	time.Sleep(1500 * time.Millisecond)
+	select {
+	case <-failed:
+	default:
+	}
+	select {
+	case <-failed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no dial failed in 2s while the master was down")
+	}
+	g.Expect(node.Restart()).To(Succeed())
+	fresh := cluster.Client(func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true })
+	g.Eventually(func() error { return fresh.Eval(ctx, "return 1", []string{keys.State}).Err() }).
+		WithTimeout(10*time.Second).WithPolling(2*time.Millisecond).Should(Succeed(), "the master runs scripts again")
+	back := time.Now()
+	g.Eventually(func() int64 { return leasesOrNone(ctx, fresh, gd) }).
+		WithTimeout(2*time.Second).WithPolling(2*time.Millisecond).
+		Should(BeNumerically(">=", 1), "the running call's lease is back")
+	took := time.Since(back)
+	t.Logf("the lease back %v after the master ran scripts again", took.Round(time.Millisecond))
+	g.Expect(took).To(BeNumerically("<", 500*time.Millisecond))
+	close(stop)
+	g.Expect(<-done).To(Succeed())
+}
+
 // leasesOrNone is liveLeases, or -1 while rdb cannot read them.
 func leasesOrNone(ctx context.Context, rdb redis.UniversalClient, gd *guard.Guard) int64 {
 	now, err := rdb.Time(ctx).Result()
