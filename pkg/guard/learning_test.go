@@ -116,22 +116,13 @@ func TestHolderIsBackAtOnceBehindAClientThatDialsOnceASecond(t *testing.T) {
 		g := NewWithT(t)
 		ctx := t.Context()
 		srv := redistest.Start(t)
-		failed := make(chan struct{}, 1)
+		failed := newFailedDials()
 		rdb := srv.Client(func(o *redis.Options) {
 			o.ContextTimeoutEnabled = true
 			o.MaxRetries = -1
 			o.DialerRetries = 1
 			o.PoolSize = 2
-			o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-				c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-				if err != nil {
-					select {
-					case failed <- struct{}{}:
-					default:
-					}
-				}
-				return c, err
-			}
+			o.Dialer = failed.dial
 		})
 		check := fastClient(srv)
 		publish(t, check, defaultPublished(1))
@@ -145,16 +136,7 @@ func TestHolderIsBackAtOnceBehindAClientThatDialsOnceASecond(t *testing.T) {
 		for range 4 { // more failed dials than the pool's size
 			_ = rdb.Ping(ctx).Err()
 		}
-		time.Sleep(1500 * time.Millisecond) // the pool probes once a second
-		select {
-		case <-failed:
-		default:
-		}
-		select {
-		case <-failed:
-		case <-time.After(2 * time.Second):
-			t.Fatal("no dial failed in 2s while Redis was down")
-		}
+		failed.next(t)                        // the pool probes once a second
 		g.Expect(srv.Restart()).To(Succeed()) // without its data
 		back := time.Now()
 		g.Eventually(func() int64 { return leasesOrNone(ctx, check, gd) }).
@@ -181,22 +163,13 @@ func TestHolderIsBackAtOnceOnACluster(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
 	cluster := redistest.StartCluster(t, 3)
-	failed := make(chan struct{}, 1)
+	failed := newFailedDials()
 	rdb := cluster.Client(func(o *redis.ClusterOptions) {
 		o.ContextTimeoutEnabled = true
 		o.MaxRetries = -1
 		o.DialerRetries = 1
 		o.PoolSize = 2
-		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-			if err != nil {
-				select {
-				case failed <- struct{}{}:
-				default:
-				}
-			}
-			return c, err
-		}
+		o.Dialer = failed.dial
 	})
 	check := cluster.Client(func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true })
 	publish(t, check, defaultPublished(1))
@@ -217,16 +190,7 @@ func TestHolderIsBackAtOnceOnACluster(t *testing.T) {
 	for range 4 {
 		_ = rdb.Get(ctx, keys.State).Err()
 	}
-	time.Sleep(1500 * time.Millisecond)
-	select {
-	case <-failed:
-	default:
-	}
-	select {
-	case <-failed:
-	case <-time.After(2 * time.Second):
-		t.Fatal("no dial failed in 2s while the master was down")
-	}
+	failed.next(t)
 	g.Expect(node.Restart()).To(Succeed())
 	fresh := cluster.Client(func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true })
 	g.Eventually(func() error { return fresh.Eval(ctx, "return 1", []string{keys.State}).Err() }).
@@ -240,6 +204,38 @@ func TestHolderIsBackAtOnceOnACluster(t *testing.T) {
 	g.Expect(took).To(BeNumerically("<", 500*time.Millisecond))
 	close(stop)
 	g.Expect(<-done).To(Succeed())
+}
+
+// failedDials is a dialer that tells of its failed dials.
+type failedDials chan struct{}
+
+func newFailedDials() failedDials { return make(failedDials, 1) }
+
+func (f failedDials) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		select {
+		case f <- struct{}{}:
+		default:
+		}
+	}
+	return c, err
+}
+
+// next waits 1.5 s, for a client's pool to probe once a second, then
+// returns just after the next failed dial.
+func (f failedDials) next(t *testing.T) {
+	t.Helper()
+	time.Sleep(1500 * time.Millisecond)
+	select {
+	case <-f:
+	default:
+	}
+	select {
+	case <-f:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no dial failed in 2s while the server was down")
+	}
 }
 
 // leasesOrNone is liveLeases, or -1 while rdb cannot read them.
